@@ -1,0 +1,43 @@
+# The two commands a newcomer needs:  `make serve`  and  `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv serve test check lint typecheck demo-model bench clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Start Ferry on the bundled demo model (inference API on http://127.0.0.1:8080).
+serve: $(STAMP)
+	$(BIN)/ferry serve --model-store examples/demo/model-store --models shapes=shapes.mar
+
+## Lint, type-check and run the whole test suite (what CI runs).
+test: check
+
+check: $(STAMP) lint typecheck
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check ferry tests benchmarks examples
+	$(BIN)/ruff format --check ferry tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## Retrain the demo model and rebuild its archive (a few minutes on 2 cores).
+demo-model: $(STAMP)
+	$(BIN)/python -m examples.demo.train --out examples/demo/model-store
+
+## Core benchmark: ResNet-18 through the server against the same pipeline offline.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/core_benchmark.py --out benchmarks/results/core.md
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from ferry.cli.main import main
+
+raise SystemExit(main())

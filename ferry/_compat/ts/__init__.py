@@ -1,0 +1,1 @@
+"""TorchServe compatibility namespace, served by Ferry."""

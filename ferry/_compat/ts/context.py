@@ -1,0 +1,3 @@
+from ferry.handlers.context import Context, RequestProcessor
+
+__all__ = ["Context", "RequestProcessor"]

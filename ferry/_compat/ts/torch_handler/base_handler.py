@@ -1,0 +1,3 @@
+from ferry.handlers.base_handler import BaseHandler
+
+__all__ = ["BaseHandler"]

@@ -1,0 +1,3 @@
+from ferry.handlers.image_classifier import ImageClassifier
+
+__all__ = ["ImageClassifier"]

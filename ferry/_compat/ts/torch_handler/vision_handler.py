@@ -1,0 +1,3 @@
+from ferry.handlers.image_classifier import VisionHandler
+
+__all__ = ["VisionHandler"]

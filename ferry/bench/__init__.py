@@ -1,0 +1,1 @@
+"""Benchmark tooling: the load generator (more commands arrive with ``ferry bench``)."""

@@ -1,0 +1,30 @@
+"""``ferry``: serve models, write archives."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ferry import __version__
+from ferry.cli import archive, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferry", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"ferry {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve.add_parser(commands)
+    archive.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    result: int = args.run(args)
+    return result

@@ -1,0 +1,71 @@
+"""Ferry's domain errors. They name what went wrong, never an HTTP status.
+
+Each transport maps them to its own codes in one table (``ferry.http.errors``).
+
+    FerryError
+    ├── ModelNotFound          unknown model or version
+    ├── RequestTooLarge        body over max_request_size
+    ├── InvalidInput           the request cannot be decoded (bad image, bad JSON)
+    ├── Overloaded             the model's queue is full
+    ├── NoWorkerAvailable      the model has no worker that could take the request
+    ├── WorkerDied             the worker holding the request crashed (after one retry)
+    ├── ResponseTimeout        the worker did not answer within responseTimeout
+    ├── HandlerFailed          the handler raised; may carry the handler's own status code
+    ├── ArchiveError           an archive or model folder cannot be read
+    └── ConfigError            a setting is invalid
+"""
+
+from __future__ import annotations
+
+
+class FerryError(Exception):
+    """Base of every error Ferry reports to a client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ModelNotFound(FerryError):
+    pass
+
+
+class RequestTooLarge(FerryError):
+    pass
+
+
+class InvalidInput(FerryError):
+    pass
+
+
+class Overloaded(FerryError):
+    pass
+
+
+class NoWorkerAvailable(FerryError):
+    pass
+
+
+class WorkerDied(FerryError):
+    pass
+
+
+class ResponseTimeout(FerryError):
+    pass
+
+
+class HandlerFailed(FerryError):
+    """The handler raised. ``status`` is the code the handler asked for, if any
+    (TorchServe's ``PredictionException(message, error_code)``)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ArchiveError(FerryError):
+    pass
+
+
+class ConfigError(FerryError):
+    pass

@@ -1,0 +1,60 @@
+"""``BaseHandler``: TorchServe's default handler flow, initialize → preprocess → inference → postprocess."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferry.handlers.context import Context
+from ferry.handlers.model_loading import load_label_mapping, load_model, select_device
+
+
+class BaseHandler:
+    """Subclass it and override the stages you need; ``handle`` runs them in order."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.mapping: dict[str, str] | None = None
+        self.device: torch.device | None = None
+        self.initialized = False
+        self.context: Context | None = None
+        self.manifest: dict[str, Any] | None = None
+        self.map_location: str | None = None
+        self.model_pt_path: str | None = None
+
+    def initialize(self, context: Context) -> None:
+        """Pick the device, load the model from the manifest and ``index_to_name.json``."""
+        self.context = context
+        properties = context.system_properties
+        self.device = select_device(properties.get("gpu_id"))
+        self.map_location = self.device.type
+        self.manifest = context.manifest
+        model_dir = Path(properties["model_dir"])
+        model_section = self.manifest.get("model", {})
+        serialized = model_section.get("serializedFile")
+        if serialized:
+            self.model_pt_path = str(model_dir / serialized)
+        self.model = load_model(model_dir, serialized, model_section.get("modelFile"), self.device)
+        self.mapping = load_label_mapping(model_dir / "index_to_name.json")
+        self.initialized = True
+
+    def preprocess(self, data: list[dict[str, Any]]) -> Any:
+        return torch.as_tensor(data, device=self.device)
+
+    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            return self.model(data.to(self.device), *args, **kwargs)
+
+    def postprocess(self, data: Any) -> list[Any]:
+        result: list[Any] = data.tolist()
+        return result
+
+    def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
+        self.context = context
+        start = time.perf_counter()
+        result = self.postprocess(self.inference(self.preprocess(data)))
+        context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
+        return result

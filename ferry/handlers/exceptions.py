@@ -1,0 +1,20 @@
+"""Errors a handler raises (or returns for a single request of a batch)."""
+
+from __future__ import annotations
+
+from ferry.errors import InvalidInput
+
+
+class PredictionException(Exception):
+    """TorchServe's handler exception: ``error_code`` becomes the response status."""
+
+    def __init__(self, message: str, error_code: int = 500) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_code = error_code
+
+    def __str__(self) -> str:
+        return f"{self.message} : {self.error_code}"
+
+
+__all__ = ["InvalidInput", "PredictionException"]

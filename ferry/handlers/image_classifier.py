@@ -1,0 +1,99 @@
+"""Built-in ``image_classifier``: JPEG/PNG in, top-k ``{label: probability}`` out.
+
+model-config.yaml may set, under ``image_classifier:``, ``resize``, ``crop``, ``mean``,
+``std`` and ``topk``. An image that cannot be decoded fails alone; the rest of its
+batch is still classified.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ferry.errors import InvalidInput
+from ferry.handlers.base_handler import BaseHandler
+from ferry.handlers.context import Context
+from ferry.handlers.vision import ImageTransform, image_bytes
+
+
+class VisionHandler(BaseHandler):
+    """Decodes a batch of images into one normalised tensor.
+
+    A TorchServe subclass that sets ``image_processing`` (a torchvision transform taking a
+    PIL image) keeps it; otherwise Ferry's PIL/torch transform is used.
+    """
+
+    image_processing: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transform = ImageTransform()
+        self.failures: dict[int, Exception] = {}
+
+    def initialize(self, context: Context) -> None:
+        super().initialize(context)
+        settings = context.model_yaml_config.get("image_classifier") or {}
+        self.transform = ImageTransform.from_config(settings)
+
+    def _decode_one(self, row: dict[str, Any]) -> torch.Tensor:
+        image = self.transform.decode(image_bytes(row))
+        if self.image_processing is not None:
+            tensor: torch.Tensor = self.image_processing(image)
+            return tensor
+        return self.transform.to_uint8(image)
+
+    def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor | None:
+        """Stack the decodable images; remember which requests failed and why."""
+        self.failures = {}
+        tensors = []
+        for index, row in enumerate(data):
+            try:
+                tensors.append(self._decode_one(row))
+            except InvalidInput as exc:
+                self.failures[index] = exc
+        if not tensors:
+            return None
+        batch = torch.stack(tensors)
+        if batch.dtype == torch.uint8:
+            batch = self.transform.normalise(batch)
+        return batch.to(self.device)
+
+    def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
+        self.context = context
+        start = time.perf_counter()
+        batch = self.preprocess(data)
+        answers = iter(self.postprocess(self.inference(batch)) if batch is not None else [])
+        results = [self.failures.get(i) or next(answers) for i in range(len(data))]
+        context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
+        return results
+
+
+class ImageClassifier(VisionHandler):
+    topk = 5
+
+    def initialize(self, context: Context) -> None:
+        super().initialize(context)
+        settings = context.model_yaml_config.get("image_classifier") or {}
+        self.topk = int(settings.get("topk", self.topk))
+
+    def set_max_result_classes(self, topk: int) -> None:
+        self.topk = topk
+
+    def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
+        probabilities = torch.softmax(data.float(), dim=1)
+        k = min(self.topk, probabilities.shape[1])
+        top_probs, top_classes = torch.topk(probabilities, k, dim=1)
+        return map_class_to_label(top_probs.tolist(), self.mapping, top_classes.tolist())
+
+
+def map_class_to_label(
+    probs: list[list[float]], mapping: dict[str, str] | None, lbl_classes: list[list[int]]
+) -> list[dict[str, float]]:
+    """Pair probabilities with labels (the class index as a string when there is no mapping)."""
+    results = []
+    for row_probs, row_classes in zip(probs, lbl_classes, strict=True):
+        labels = [mapping.get(str(c), str(c)) if mapping else str(c) for c in row_classes]
+        results.append(dict(zip(labels, row_probs, strict=True)))
+    return results

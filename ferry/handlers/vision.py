@@ -1,0 +1,89 @@
+"""Image decoding and the resize / center-crop / normalise transform, in PIL and torch only.
+
+torchvision is optional: it is not needed for any of this.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from ferry.errors import InvalidInput
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def image_bytes(row: dict[str, Any]) -> bytes:
+    """The encoded image of one request: form field ``data`` or the raw body; str is base64."""
+    value = row.get("data")
+    if value is None:
+        value = row.get("body")
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidInput("image is neither raw bytes nor valid base64") from exc
+    if isinstance(value, dict) and isinstance(value.get("b64"), str):
+        return image_bytes({"body": value["b64"]})
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidInput("expected an image in the request body or the form field 'data'")
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """Resize the shorter side, center-crop, scale to [0, 1] and normalise (torchvision's recipe)."""
+
+    resize: int = 256
+    crop: int = 224
+    mean: Sequence[float] = IMAGENET_MEAN
+    std: Sequence[float] = IMAGENET_STD
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ImageTransform:
+        return cls(
+            resize=int(config.get("resize", cls.resize)),
+            crop=int(config.get("crop", cls.crop)),
+            mean=tuple(float(v) for v in config.get("mean", IMAGENET_MEAN)),
+            std=tuple(float(v) for v in config.get("std", IMAGENET_STD)),
+        )
+
+    def decode(self, encoded: bytes) -> Image.Image:
+        """Decode to RGB at the resolution the transform needs (JPEG draft mode skips the rest)."""
+        try:
+            image = Image.open(io.BytesIO(encoded))
+            width, height = image.size
+            scale = self.resize / min(width, height)
+            if image.format == "JPEG" and scale < 1:
+                image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+            return image.convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise InvalidInput(f"cannot decode image: {exc}") from exc
+
+    def to_uint8(self, image: Image.Image) -> torch.Tensor:
+        """Resize and crop one image; returns a CHW uint8 tensor."""
+        width, height = image.size
+        scale = self.resize / min(width, height)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        if size != image.size:
+            image = image.resize(size, Image.Resampling.BILINEAR)
+        left = (size[0] - self.crop) // 2
+        top = (size[1] - self.crop) // 2
+        image = image.crop((left, top, left + self.crop, top + self.crop))
+        return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+    def normalise(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW → float NCHW, normalised; one vectorised op for the whole batch."""
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1) * 255
+        std = torch.tensor(self.std).view(1, -1, 1, 1) * 255
+        return (batch.float() - mean) / std

@@ -1,0 +1,1 @@
+"""HTTP adapters over ``ferry.service``: they only translate requests, responses and errors."""

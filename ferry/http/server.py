@@ -1,0 +1,88 @@
+"""Run the HTTP listeners and the service in one event loop, and shut both down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+from collections.abc import Generator
+from pathlib import Path
+
+import uvicorn
+
+from ferry.config.settings import Address, ServerSettings
+from ferry.errors import FerryError
+from ferry.http.inference import inference_app
+from ferry.service import FerryService
+
+log = logging.getLogger("ferry")
+
+
+class _Listener(uvicorn.Server):
+    """uvicorn without its own signal handling: Ferry owns shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind(address: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address.host, address.port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _bound(sock: socket.socket) -> Address:
+    host, port = sock.getsockname()[:2]
+    return Address(host, port)
+
+
+def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(addresses))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+async def run_server(settings: ServerSettings) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code."""
+    service = FerryService(settings)
+    sock = bind(settings.inference_address)
+    inference_url = _bound(sock).url()
+    config = uvicorn.Config(
+        inference_app(service), log_level="warning", access_log=False, lifespan="off",
+        http="httptools", timeout_keep_alive=75,
+    )
+    listener = _Listener(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.create_task(listener.serve(sockets=[sock]))
+    exit_code = 0
+    try:
+        await service.load_startup_models()
+    except FerryError as error:
+        log.error("start-up failed: %s", error.message)
+        stop.set()
+        exit_code = 1
+    else:
+        log.info("inference API listening on %s", inference_url)
+        for name, registered in service.models.items():
+            for version, runner in registered.versions.items():
+                devices = sorted({s.worker.device for s in runner.slots if s.worker}) or ["none"]
+                log.info("model %s v%s: %d workers on %s", name, version, len(runner.slots), ", ".join(devices))
+        if settings.ready_file is not None:
+            _write_ready_file(settings.ready_file, {"inference": inference_url})
+    await stop.wait()
+    log.info("shutting down")
+    listener.should_exit = True
+    await serving
+    await service.close()
+    return exit_code

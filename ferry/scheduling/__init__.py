@@ -1,0 +1,1 @@
+"""Per-model queues, the batching policy, and the workers that drain them."""

@@ -1,0 +1,40 @@
+"""A request on its way through the queue to a worker, and the answer it waits for."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+from ferry.worker.messages import RequestItem
+
+_request_ids = itertools.count(1)
+
+
+def next_request_id() -> str:
+    return f"r{next(_request_ids)}"
+
+
+@dataclass(frozen=True)
+class InferenceResponse:
+    body: bytes
+    content_type: str
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    batch_size: int = 1
+    """How many requests shared this request's batch."""
+
+
+@dataclass
+class Job:
+    item: RequestItem
+    future: asyncio.Future[InferenceResponse]
+    attempts: int = 0
+
+    def resolve(self, response: InferenceResponse) -> None:
+        if not self.future.done():
+            self.future.set_result(response)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)

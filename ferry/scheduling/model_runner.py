@@ -1,0 +1,250 @@
+"""One model version: its queue and the worker slots that drain it.
+
+Each slot owns at most one worker process at a time. A slot whose worker crashes,
+is killed or hangs past ``response_timeout`` starts a replacement (with backoff); the
+requests that worker held are retried once on a healthy worker, or answered with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from ferry.errors import (
+    FerryError,
+    HandlerFailed,
+    InvalidInput,
+    NoWorkerAvailable,
+    ResponseTimeout,
+    WorkerDied,
+)
+from ferry.scheduling.batch_queue import BatchQueue
+from ferry.scheduling.jobs import InferenceResponse, Job
+from ferry.worker.messages import ItemResult, PredictBatch
+from ferry.worker.process import WorkerGone, WorkerProcess, WorkerStartFailed
+from ferry.worker.spec import WorkerSpec
+
+log = logging.getLogger("ferry.scheduling")
+
+MAX_ATTEMPTS = 2
+"""A request whose worker died is retried once; a second death answers it with an error."""
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    batch_size: int
+    max_batch_delay: float
+    """Seconds."""
+    workers: int
+    response_timeout: float
+    startup_timeout: float
+    queue_capacity: int
+    torch_threads: int
+    gpu_ids: tuple[int, ...] = ()
+
+
+class Backoff:
+    """Restart delays: 0.1 s doubling to 10 s, reset once a worker comes up."""
+
+    def __init__(self, first: float = 0.1, cap: float = 10.0) -> None:
+        self.first, self.cap = first, cap
+        self.delay = 0.0
+
+    def next(self) -> float:
+        self.delay = self.first if self.delay == 0 else min(self.cap, self.delay * 2)
+        return self.delay
+
+    def reset(self) -> None:
+        self.delay = 0.0
+
+
+@dataclass
+class WorkerSlot:
+    index: int
+    state: str = "starting"  # starting | ready | busy | restarting | failed | stopped
+    worker: WorkerProcess | None = None
+    restarts: int = 0
+    last_error: str = ""
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _to_outcome(result: ItemResult, batch_size: int) -> InferenceResponse | FerryError:
+    if result.error_kind == "invalid_input":
+        return InvalidInput(result.message)
+    if result.error_kind:
+        status = result.status if 400 <= result.status <= 599 else None
+        return HandlerFailed(result.message, status)
+    return InferenceResponse(
+        result.body, result.content_type, result.status or 200, result.headers, batch_size
+    )
+
+
+class ModelRunner:
+    """Serves one model version with ``settings.workers`` worker processes."""
+
+    def __init__(self, name: str, version: str, spec: WorkerSpec, settings: RunnerSettings) -> None:
+        self.name = name
+        self.version = version
+        self.spec = spec
+        self.settings = settings
+        self.queue: BatchQueue[Job] = BatchQueue(
+            settings.batch_size, settings.max_batch_delay, settings.queue_capacity
+        )
+        self.slots = [WorkerSlot(i) for i in range(settings.workers)]
+        self._batch_ids = 0
+        self._stopping = False
+        self._first_attempt = asyncio.Event()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.name}-w{slot.index}")
+
+    async def wait_started(self) -> None:
+        """Until every slot has tried its first start (successfully or not)."""
+        while any(slot.state == "starting" for slot in self.slots):
+            self._first_attempt.clear()
+            await self._first_attempt.wait()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for slot in self.slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        for slot in self.slots:
+            if slot.task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await slot.task
+        for job in self.queue.drain():
+            job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
+
+    @property
+    def ready_workers(self) -> int:
+        return sum(slot.state in ("ready", "busy") for slot in self.slots)
+
+    def is_healthy(self) -> bool:
+        return self.ready_workers >= len(self.slots)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable``."""
+        if not self.slots or all(slot.state in ("failed", "stopped") for slot in self.slots):
+            raise NoWorkerAvailable(f"no worker is available for model {self.name}")
+        self.queue.put(job)
+
+    # --- the slot loop -------------------------------------------------------------------
+
+    def _spec_for(self, slot: WorkerSlot) -> WorkerSpec:
+        gpus = self.settings.gpu_ids
+        gpu = gpus[slot.index % len(gpus)] if gpus else None
+        worker_id = f"w{slot.index}.{slot.restarts}"
+        return WorkerSpec(**{**self.spec.__dict__, "gpu_id": gpu, "worker_id": worker_id})
+
+    async def _run_slot(self, slot: WorkerSlot) -> None:
+        backoff = Backoff()
+        try:
+            while not self._stopping:
+                try:
+                    worker = await WorkerProcess.start(
+                        self._spec_for(slot), self.settings.startup_timeout
+                    )
+                except WorkerStartFailed as exc:
+                    self._on_start_failed(slot, str(exc))
+                else:
+                    backoff.reset()
+                    slot.worker, slot.state = worker, "ready"
+                    self._first_attempt.set()
+                    log.info("%s v%s worker %d ready (pid %d)", self.name, self.version, slot.index, worker.pid)
+                    await self._serve_with(slot, worker)
+                    slot.worker = None
+                    slot.state = "restarting"
+                slot.restarts += 1
+                await asyncio.sleep(backoff.next())
+        finally:
+            if slot.worker is not None:
+                slot.worker.kill()
+            slot.state = "stopped"
+
+    def _on_start_failed(self, slot: WorkerSlot, reason: str) -> None:
+        slot.state, slot.last_error = "failed", reason
+        self._first_attempt.set()
+        log.error("%s v%s worker %d failed to start: %s", self.name, self.version, slot.index, reason)
+        if self.ready_workers == 0:
+            # Nobody can serve what is queued: answer now rather than let it wait for a fix.
+            for job in self.queue.drain():
+                job.fail(NoWorkerAvailable(f"model {self.name} failed to load: {reason}"))
+
+    async def _serve_with(self, slot: WorkerSlot, worker: WorkerProcess) -> None:
+        """Feed batches to one worker until it dies or hangs."""
+        try:
+            while True:
+                jobs = await self._next_batch_or_death(worker)
+                if jobs is None:
+                    log.warning("%s worker %d (pid %d) exited while idle", self.name, slot.index, worker.pid)
+                    return
+                slot.state = "busy"
+                if not await self._run_batch(worker, jobs):
+                    return
+                slot.state = "ready"
+        finally:
+            worker.kill()
+
+    async def _next_batch_or_death(self, worker: WorkerProcess) -> list[Job] | None:
+        take = asyncio.ensure_future(self.queue.take_batch())
+        try:
+            await asyncio.wait({take, worker.exited}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            take.cancel()
+            raise
+        if take.done():
+            jobs = take.result()
+            if not worker.exited.done():
+                return jobs
+            self.queue.put_front(jobs)  # taken in the same instant the worker died
+            return None
+        take.cancel()
+        return None
+
+    async def _run_batch(self, worker: WorkerProcess, jobs: list[Job]) -> bool:
+        """Run one batch; False if the worker must be replaced."""
+        self._batch_ids += 1
+        batch = PredictBatch(self._batch_ids, [job.item for job in jobs])
+        for job in jobs:
+            job.attempts += 1
+        try:
+            result = await worker.predict(batch, self.settings.response_timeout)
+        except TimeoutError:
+            log.error("%s worker pid %d exceeded responseTimeout %.1fs; killing it",
+                      self.name, worker.pid, self.settings.response_timeout)
+            for job in jobs:
+                job.fail(ResponseTimeout(f"model {self.name} did not answer within "
+                                         f"{self.settings.response_timeout:g}s"))
+            return False
+        except WorkerGone:
+            log.error("%s worker pid %d died during a batch of %d", self.name, worker.pid, len(jobs))
+            self._retry_or_fail(jobs)
+            return False
+        by_id = {item.request_id: item for item in result.results}
+        for job in jobs:
+            item = by_id.get(job.item.request_id)
+            if item is None:
+                job.fail(HandlerFailed("worker returned no result for this request"))
+                continue
+            outcome = _to_outcome(item, len(jobs))
+            if isinstance(outcome, FerryError):
+                job.fail(outcome)
+            else:
+                job.resolve(outcome)
+        return True
+
+    def _retry_or_fail(self, jobs: list[Job]) -> None:
+        retry = [job for job in jobs if job.attempts < MAX_ATTEMPTS and not job.future.done()]
+        for job in jobs:
+            if job not in retry:
+                job.fail(WorkerDied(f"worker of model {self.name} died while handling the request"))
+        if retry:
+            self.queue.put_front(retry)

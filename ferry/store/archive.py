@@ -1,0 +1,104 @@
+"""Open a model from the store: a .mar, a .tar.gz or a plain folder."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ferry.config.model_config import ModelConfig, load_model_config
+from ferry.errors import ArchiveError, ConfigError
+from ferry.store.extract import extract_tar, extract_zip
+from ferry.store.manifest import MANIFEST_PATH, Manifest
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class ModelArchive:
+    """A model ready to load: its unpacked folder, manifest and model-config.yaml."""
+
+    name: str
+    version: str
+    model_dir: Path
+    manifest: Manifest
+    config: ModelConfig
+    source: str
+
+
+def _within(store: Path, relative: str) -> Path:
+    path = (store / relative).resolve()
+    if not path.is_relative_to(store.resolve()):
+        raise ArchiveError(f"{relative!r} is outside the model store")
+    return path
+
+
+def _unpack(source: Path, work_dir: Path) -> Path:
+    if source.is_dir():
+        return source
+    dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))
+    if source.suffix in (".mar", ".zip"):
+        extract_zip(source, dest)
+    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        extract_tar(source, dest)
+    else:
+        raise ArchiveError(f"{source.name}: expected a .mar, .tar.gz or a folder")
+    if not (dest / MANIFEST_PATH).exists():
+        # torch-model-archiver's tgz format wraps everything in one top-level folder.
+        children = [child for child in dest.iterdir() if child.is_dir()]
+        if len(children) == 1 and (children[0] / MANIFEST_PATH).exists():
+            return children[0]
+    return dest
+
+
+def open_model(store: Path, relative: str, work_dir: Path, name: str | None = None) -> ModelArchive:
+    """Unpack ``relative`` (inside ``store``) into ``work_dir`` and read its metadata."""
+    source = _within(store, relative)
+    if not source.exists():
+        raise ArchiveError(f"{relative!r} not found in the model store")
+    model_dir = _unpack(source, work_dir)
+    manifest = Manifest.read(model_dir)
+    model_name = name or manifest.model_name
+    if not _MODEL_NAME.match(model_name):
+        raise ArchiveError(f"invalid model name {model_name!r}")
+    config = ModelConfig()
+    if manifest.config_file:
+        config_path = _within(model_dir, manifest.config_file)
+        try:
+            config = load_model_config(config_path)
+        except ConfigError as exc:
+            raise ArchiveError(f"{model_name}: {exc.message}") from exc
+    return ModelArchive(
+        name=model_name,
+        version=manifest.model_version,
+        model_dir=model_dir,
+        manifest=manifest,
+        config=config,
+        source=relative,
+    )
+
+
+def resolve_model_entries(store: Path, models: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """Turn ``--models`` values into (name, path-in-store) pairs, TorchServe's way.
+
+    ``all`` loads every archive and folder in the store; ``NAME=FILE`` names a model;
+    a bare ``FILE`` takes the name from the manifest.
+    """
+    entries: list[tuple[str | None, str]] = []
+    for item in models:
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            if part == "all":
+                for child in sorted(store.iterdir()):
+                    if child.is_dir() and (child / MANIFEST_PATH).exists():
+                        entries.append((None, child.name))
+                    elif child.name.endswith((".mar", ".tar.gz", ".tgz")):
+                        entries.append((None, child.name))
+            elif "=" in part:
+                name, _, path = part.partition("=")
+                entries.append((name.strip(), path.strip()))
+            else:
+                entries.append((None, part))
+    return entries

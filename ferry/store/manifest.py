@@ -1,0 +1,73 @@
+"""``MAR-INF/MANIFEST.json``, as torch-model-archiver writes it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ferry.errors import ArchiveError
+
+MANIFEST_PATH = Path("MAR-INF") / "MANIFEST.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_name: str
+    model_version: str
+    handler: str
+    serialized_file: str | None
+    model_file: str | None
+    config_file: str | None
+    document: dict[str, Any]
+    """The manifest as read; handlers get it as ``context.manifest``."""
+
+    @classmethod
+    def read(cls, model_dir: Path) -> Manifest:
+        path = model_dir / MANIFEST_PATH
+        try:
+            document = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ArchiveError(f"{model_dir.name}: no {MANIFEST_PATH} in the archive") from exc
+        except (OSError, ValueError) as exc:
+            raise ArchiveError(f"{model_dir.name}: unreadable manifest: {exc}") from exc
+        model = document.get("model") if isinstance(document, dict) else None
+        if not isinstance(model, dict) or not model.get("handler"):
+            raise ArchiveError(f"{model_dir.name}: manifest lacks model.handler")
+        return cls(
+            model_name=str(model.get("modelName") or model_dir.name),
+            model_version=str(model.get("modelVersion") or "1.0"),
+            handler=str(model["handler"]),
+            serialized_file=model.get("serializedFile") or None,
+            model_file=model.get("modelFile") or None,
+            config_file=model.get("configFile") or None,
+            document=document,
+        )
+
+
+def manifest_document(
+    *,
+    model_name: str,
+    version: str,
+    handler: str,
+    serialized_file: str | None,
+    model_file: str | None,
+    config_file: str | None,
+    created_on: str,
+    archiver_version: str,
+) -> dict[str, Any]:
+    """The manifest torch-model-archiver would write, so TorchServe reads our archives."""
+    model: dict[str, Any] = {"modelName": model_name, "handler": handler, "modelVersion": version}
+    if serialized_file:
+        model["serializedFile"] = serialized_file
+    if model_file:
+        model["modelFile"] = model_file
+    if config_file:
+        model["configFile"] = config_file
+    return {
+        "createdOn": created_on,
+        "runtime": "python",
+        "model": model,
+        "archiverVersion": archiver_version,
+    }

@@ -1,0 +1,91 @@
+"""Binary framing and encoding of ``ferry.worker.messages``."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from ferry.worker.messages import (
+    PROTOCOL_VERSION,
+    BatchResult,
+    InputPart,
+    ItemResult,
+    Message,
+    PredictBatch,
+    RequestItem,
+    WorkerLoadFailed,
+    WorkerReady,
+)
+
+FRAME_HEADER = struct.Struct("!I")
+MAX_FRAME = 1 << 31
+
+_PREDICT, _RESULT, _READY, _LOAD_FAILED = 1, 2, 3, 4
+
+
+class ProtocolError(Exception):
+    """A frame that is not a message of this protocol version."""
+
+
+def _fields(message: Message) -> tuple[int, list[Any]]:
+    if isinstance(message, PredictBatch):
+        items = [
+            [item.request_id, item.headers, [[p.name, p.content_type, p.data] for p in item.parts]]
+            for item in message.items
+        ]
+        return _PREDICT, [message.batch_id, items]
+    if isinstance(message, BatchResult):
+        results = [
+            [r.request_id, r.body, r.content_type, r.status, r.headers, r.error_kind, r.message]
+            for r in message.results
+        ]
+        return _RESULT, [message.batch_id, results, message.handler_ms]
+    if isinstance(message, WorkerReady):
+        return _READY, [message.pid, message.device]
+    return _LOAD_FAILED, [message.message]
+
+
+def encode(message: Message) -> bytes:
+    """The whole frame, header included."""
+    kind, fields = _fields(message)
+    payload: bytes = msgpack.packb([PROTOCOL_VERSION, kind, *fields], use_bin_type=True)
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode(payload: bytes) -> Message:
+    """Decode a frame's payload (without its header)."""
+    try:
+        version, kind, *fields = msgpack.unpackb(payload, raw=False)
+    except (ValueError, TypeError, msgpack.ExtraData) as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from exc
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
+    try:
+        if kind == _PREDICT:
+            batch_id, items = fields
+            return PredictBatch(
+                batch_id,
+                [
+                    RequestItem(rid, headers, [InputPart(*part) for part in parts])
+                    for rid, headers, parts in items
+                ],
+            )
+        if kind == _RESULT:
+            batch_id, results, handler_ms = fields
+            return BatchResult(batch_id, [ItemResult(*r) for r in results], handler_ms)
+        if kind == _READY:
+            return WorkerReady(*fields)
+        if kind == _LOAD_FAILED:
+            return WorkerLoadFailed(*fields)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed message of kind {kind}: {exc}") from exc
+    raise ProtocolError(f"unknown message kind {kind}")
+
+
+def frame_length(header: bytes) -> int:
+    (length,) = FRAME_HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds the limit")
+    return int(length)

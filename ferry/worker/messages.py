@@ -1,0 +1,68 @@
+"""Typed messages between the frontend and a worker process.
+
+Every frame is ``[PROTOCOL_VERSION, kind, fields...]`` in msgpack behind a 4-byte
+length; request bodies travel as raw bytes, never pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """One input of a request: the raw body (``name="body"``) or one form field."""
+
+    name: str
+    content_type: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class RequestItem:
+    request_id: str
+    headers: dict[str, str]
+    parts: list[InputPart]
+
+
+@dataclass(frozen=True)
+class PredictBatch:
+    batch_id: int
+    items: list[RequestItem]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """The answer to one request. ``error_kind`` is empty on success, else
+    ``invalid_input`` or ``handler``; ``status`` is what the handler asked for, if anything."""
+
+    request_id: str
+    body: bytes
+    content_type: str
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    error_kind: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch_id: int
+    results: list[ItemResult]
+    handler_ms: float
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    pid: int
+    device: str
+
+
+@dataclass(frozen=True)
+class WorkerLoadFailed:
+    message: str
+
+
+Message = PredictBatch | BatchResult | WorkerReady | WorkerLoadFailed

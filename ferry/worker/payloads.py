@@ -1,0 +1,47 @@
+"""Request inputs to handler ``data`` rows, and handler outputs to response bodies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ferry.errors import InvalidInput
+from ferry.worker.messages import InputPart, RequestItem
+
+
+def _decode_part(part: InputPart) -> Any:
+    media_type = part.content_type.split(";", 1)[0].strip().lower()
+    if media_type == "application/json":
+        try:
+            return json.loads(part.data)
+        except ValueError as exc:
+            raise InvalidInput(f"invalid JSON in {part.name!r}: {exc}") from exc
+    if media_type.startswith("text/"):
+        try:
+            return part.data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{part.name!r} is not valid UTF-8 text") from exc
+    # TorchServe hands binary inputs over as bytearray; handlers test for it.
+    return bytearray(part.data)
+
+
+def request_row(item: RequestItem) -> dict[str, Any]:
+    """One ``data`` entry: the raw body under ``body``, or one key per form field."""
+    return {part.name: _decode_part(part) for part in item.parts}
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # torch tensors, numpy arrays and scalars
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_output(value: Any, content_type: str | None) -> tuple[bytes, str]:
+    """Bytes go out raw, str as text, anything else as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), content_type or "application/octet-stream"
+    if isinstance(value, str):
+        return value.encode(), content_type or "text/plain; charset=utf-8"
+    return json.dumps(value, default=_json_default).encode(), content_type or "application/json"

@@ -1,0 +1,86 @@
+"""Run one batch through a handler and turn every outcome into an ``ItemResult``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ferry.errors import InvalidInput
+from ferry.handlers.context import Context
+from ferry.handlers.exceptions import PredictionException
+from ferry.handlers.loader import EntryPoint
+from ferry.worker.messages import BatchResult, ItemResult, PredictBatch, RequestItem
+from ferry.worker.payloads import encode_output, request_row
+
+log = logging.getLogger("ferry.worker")
+
+
+def _error(item: RequestItem, exc: BaseException) -> ItemResult:
+    if isinstance(exc, InvalidInput):
+        return ItemResult(item.request_id, b"", "", error_kind="invalid_input", message=str(exc))
+    if isinstance(exc, PredictionException):
+        return ItemResult(
+            item.request_id, b"", "", exc.error_code, error_kind="handler", message=exc.message
+        )
+    return ItemResult(
+        item.request_id, b"", "", error_kind="handler", message=f"{type(exc).__name__}: {exc}"
+    )
+
+
+class BatchRunner:
+    """Calls the handler's entry point; isolates a failing request from the rest of its batch."""
+
+    def __init__(self, entry_point: EntryPoint, context: Context) -> None:
+        self.entry_point = entry_point
+        self.context = context
+
+    def run(self, batch: PredictBatch) -> BatchResult:
+        start = time.perf_counter()
+        results = self._run_items(batch.items, isolate_on_error=True)
+        return BatchResult(batch.batch_id, results, (time.perf_counter() - start) * 1000)
+
+    def _run_items(self, items: list[RequestItem], *, isolate_on_error: bool) -> list[ItemResult]:
+        rows: list[Any] = []
+        runnable: list[RequestItem] = []
+        early: dict[str, ItemResult] = {}
+        for item in items:
+            try:
+                rows.append(request_row(item))
+                runnable.append(item)
+            except InvalidInput as exc:
+                early[item.request_id] = _error(item, exc)
+        outcomes = self._call_handler(rows, runnable, isolate_on_error) if runnable else []
+        by_id = {result.request_id: result for result in outcomes}
+        return [early.get(item.request_id) or by_id[item.request_id] for item in items]
+
+    def _call_handler(
+        self, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
+    ) -> list[ItemResult]:
+        self.context.start_batch([i.request_id for i in items], [i.headers for i in items])
+        try:
+            outputs = self.entry_point(rows, self.context)
+        except Exception as exc:
+            if isolate_on_error and len(items) > 1:
+                # One bad request must not fail its neighbours: retry each alone.
+                log.warning("batch of %d failed (%s); retrying requests one by one", len(items), exc)
+                return [self._run_items([item], isolate_on_error=False)[0] for item in items]
+            log.exception("handler failed")
+            return [_error(item, exc) for item in items]
+        if not isinstance(outputs, list) or len(outputs) != len(items):
+            count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+            message = f"handler returned {count} results for a batch of {len(items)} requests"
+            return [_error(item, RuntimeError(message)) for item in items]
+        return [self._encode(index, item, out) for index, (item, out) in enumerate(zip(items, outputs, strict=True))]
+
+    def _encode(self, index: int, item: RequestItem, output: Any) -> ItemResult:
+        if isinstance(output, BaseException):
+            return _error(item, output)
+        headers = dict(self.context.get_response_headers(index))
+        content_type = headers.pop("content-type", None)
+        status, _ = self.context.get_response_status(index)
+        try:
+            body, content_type = encode_output(output, content_type)
+        except (TypeError, ValueError) as exc:
+            return _error(item, exc)
+        return ItemResult(item.request_id, body, content_type, status, headers)
