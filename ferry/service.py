@@ -51,13 +51,18 @@ class FerryService:
         cores = available_cores()
         workers = config.min_workers
         if workers is None:
-            workers = settings.default_workers_per_model or default_workers_per_model(cores, self._gpus)
+            workers = settings.default_workers_per_model or default_workers_per_model(
+                cores, self._gpus
+            )
         use_gpu = self._gpus > 0 and config.device_type != "cpu"
         gpu_ids = (config.device_ids or tuple(range(self._gpus))) if use_gpu else ()
         delay_ms = config.max_batch_delay_ms
         return RunnerSettings(
             batch_size=config.batch_size or settings.default_batch_size,
-            max_batch_delay=(delay_ms if delay_ms is not None else settings.default_max_batch_delay_ms) / 1000,
+            max_batch_delay=(
+                delay_ms if delay_ms is not None else settings.default_max_batch_delay_ms
+            )
+            / 1000,
             workers=workers,
             response_timeout=config.response_timeout or settings.default_response_timeout,
             startup_timeout=max(120.0, config.response_timeout or 0.0),
@@ -91,8 +96,12 @@ class FerryService:
         log.info(
             "model %s v%s: %d/%d workers ready, batch_size %d, max_batch_delay %.0f ms, "
             "%d torch threads per worker",
-            archive.name, archive.version, runner.ready_workers, len(runner.slots),
-            runner_settings.batch_size, runner_settings.max_batch_delay * 1000,
+            archive.name,
+            archive.version,
+            runner.ready_workers,
+            len(runner.slots),
+            runner_settings.batch_size,
+            runner_settings.max_batch_delay * 1000,
             runner_settings.torch_threads,
         )
         return runner

@@ -19,7 +19,8 @@ def add_parser(commands: Any) -> None:
         "--models", nargs="+", default=[], help="'all', or NAME=ARCHIVE entries to load at start-up"
     )
     parser.add_argument(
-        "--inference-address", default="http://127.0.0.1:8080",
+        "--inference-address",
+        default="http://127.0.0.1:8080",
         help="listen address of the inference API (port 0: any free port)",
     )
     parser.add_argument("--workers", type=int, default=0, help="workers per model (0: derive)")
@@ -27,11 +28,15 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--max-request-size", type=int, default=6_553_500)
     parser.add_argument("--default-response-timeout", type=float, default=120.0)
     parser.add_argument("--ready-file", type=Path, help="write bound addresses here when ready")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     # TorchServe flags accepted for drop-in scripts: Ferry always runs in the foreground
     # and keeps no config snapshots.
     parser.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--ncs", "--no-config-snapshots", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ncs", "--no-config-snapshots", action="store_true", help=argparse.SUPPRESS
+    )
     parser.set_defaults(run=run)
 
 

@@ -1,4 +1,4 @@
-"""``BaseHandler``: TorchServe's default handler flow, initialize → preprocess → inference → postprocess."""
+"""``BaseHandler``: TorchServe's default flow, initialize → preprocess → inference → postprocess."""
 
 from __future__ import annotations
 

@@ -30,7 +30,11 @@ class HandlerMetrics:
         self._recorded.append(HandlerMetric(name, float(value), unit, kind, dims))
 
     def add_counter(
-        self, name: str, value: float = 1, idx: object = None, dimensions: dict[str, str] | None = None
+        self,
+        name: str,
+        value: float = 1,
+        idx: object = None,
+        dimensions: dict[str, str] | None = None,
     ) -> None:
         self._add(name, value, "count", "counter", dimensions)
 

@@ -47,7 +47,9 @@ def _load_eager(model_file: Path, weights: Path | None, device: torch.device) ->
     classes = classes_defined_in(import_file(model_file), torch.nn.Module)
     if len(classes) != 1:
         names = [cls.__name__ for cls in classes]
-        raise ArchiveError(f"{model_file.name} must define exactly one nn.Module class, found {names}")
+        raise ArchiveError(
+            f"{model_file.name} must define exactly one nn.Module class, found {names}"
+        )
     model: torch.nn.Module = classes[0]()
     if weights is not None:
         state = torch.load(weights, map_location=device, weights_only=True)
@@ -68,7 +70,7 @@ def load_model(
     elif model_file:
         model = _load_eager(model_dir / model_file, weights, device)
     elif weights is not None:
-        model = torch.jit.load(str(weights), map_location=device)
+        model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
     else:
         return None
     model = model.to(device)
@@ -85,4 +87,6 @@ def load_label_mapping(path: str | Path) -> dict[str, str] | None:
     mapping = json.loads(path.read_text())
     if not isinstance(mapping, dict):
         raise ArchiveError(f"{path.name} must map class indices to labels")
-    return {str(key): value if isinstance(value, str) else value[-1] for key, value in mapping.items()}
+    return {
+        str(key): value if isinstance(value, str) else value[-1] for key, value in mapping.items()
+    }

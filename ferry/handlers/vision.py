@@ -42,7 +42,7 @@ def image_bytes(row: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """Resize the shorter side, center-crop, scale to [0, 1] and normalise (torchvision's recipe)."""
+    """Resize the shorter side, center-crop, scale to [0, 1], normalise (torchvision's recipe)."""
 
     resize: int = 256
     crop: int = 224

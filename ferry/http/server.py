@@ -56,8 +56,12 @@ async def run_server(settings: ServerSettings) -> int:
     sock = bind(settings.inference_address)
     inference_url = _bound(sock).url()
     config = uvicorn.Config(
-        inference_app(service), log_level="warning", access_log=False, lifespan="off",
-        http="httptools", timeout_keep_alive=75,
+        inference_app(service),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        http="httptools",
+        timeout_keep_alive=75,
     )
     listener = _Listener(config)
     stop = asyncio.Event()
@@ -77,7 +81,13 @@ async def run_server(settings: ServerSettings) -> int:
         for name, registered in service.models.items():
             for version, runner in registered.versions.items():
                 devices = sorted({s.worker.device for s in runner.slots if s.worker}) or ["none"]
-                log.info("model %s v%s: %d workers on %s", name, version, len(runner.slots), ", ".join(devices))
+                log.info(
+                    "model %s v%s: %d workers on %s",
+                    name,
+                    version,
+                    len(runner.slots),
+                    ", ".join(devices),
+                )
         if settings.ready_file is not None:
             _write_ready_file(settings.ready_file, {"inference": inference_url})
     await stop.wait()

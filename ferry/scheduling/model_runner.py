@@ -158,7 +158,13 @@ class ModelRunner:
                     backoff.reset()
                     slot.worker, slot.state = worker, "ready"
                     self._first_attempt.set()
-                    log.info("%s v%s worker %d ready (pid %d)", self.name, self.version, slot.index, worker.pid)
+                    log.info(
+                        "%s v%s worker %d ready (pid %d)",
+                        self.name,
+                        self.version,
+                        slot.index,
+                        worker.pid,
+                    )
                     await self._serve_with(slot, worker)
                     slot.worker = None
                     slot.state = "restarting"
@@ -172,7 +178,9 @@ class ModelRunner:
     def _on_start_failed(self, slot: WorkerSlot, reason: str) -> None:
         slot.state, slot.last_error = "failed", reason
         self._first_attempt.set()
-        log.error("%s v%s worker %d failed to start: %s", self.name, self.version, slot.index, reason)
+        log.error(
+            "%s v%s worker %d failed to start: %s", self.name, self.version, slot.index, reason
+        )
         if self.ready_workers == 0:
             # Nobody can serve what is queued: answer now rather than let it wait for a fix.
             for job in self.queue.drain():
@@ -184,7 +192,9 @@ class ModelRunner:
             while True:
                 jobs = await self._next_batch_or_death(worker)
                 if jobs is None:
-                    log.warning("%s worker %d (pid %d) exited while idle", self.name, slot.index, worker.pid)
+                    log.warning(
+                        "%s worker %d (pid %d) exited while idle", self.name, slot.index, worker.pid
+                    )
                     return
                 slot.state = "busy"
                 if not await self._run_batch(worker, jobs):
@@ -217,15 +227,29 @@ class ModelRunner:
             job.attempts += 1
         try:
             result = await worker.predict(batch, self.settings.response_timeout)
-        except TimeoutError:
-            log.error("%s worker pid %d exceeded responseTimeout %.1fs; killing it",
-                      self.name, worker.pid, self.settings.response_timeout)
+        except asyncio.CancelledError:
             for job in jobs:
-                job.fail(ResponseTimeout(f"model {self.name} did not answer within "
-                                         f"{self.settings.response_timeout:g}s"))
+                job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
+            raise
+        except TimeoutError:
+            log.error(
+                "%s worker pid %d exceeded responseTimeout %.1fs; killing it",
+                self.name,
+                worker.pid,
+                self.settings.response_timeout,
+            )
+            for job in jobs:
+                job.fail(
+                    ResponseTimeout(
+                        f"model {self.name} did not answer within "
+                        f"{self.settings.response_timeout:g}s"
+                    )
+                )
             return False
         except WorkerGone:
-            log.error("%s worker pid %d died during a batch of %d", self.name, worker.pid, len(jobs))
+            log.error(
+                "%s worker pid %d died during a batch of %d", self.name, worker.pid, len(jobs)
+            )
             self._retry_or_fail(jobs)
             return False
         by_id = {item.request_id: item for item in result.results}

@@ -79,6 +79,12 @@ def open_model(store: Path, relative: str, work_dir: Path, name: str | None = No
     )
 
 
+def _is_model(path: Path) -> bool:
+    if path.is_dir():
+        return (path / MANIFEST_PATH).exists()
+    return path.name.endswith((".mar", ".tar.gz", ".tgz"))
+
+
 def resolve_model_entries(store: Path, models: tuple[str, ...]) -> list[tuple[str | None, str]]:
     """Turn ``--models`` values into (name, path-in-store) pairs, TorchServe's way.
 
@@ -91,11 +97,9 @@ def resolve_model_entries(store: Path, models: tuple[str, ...]) -> list[tuple[st
             if not part:
                 continue
             if part == "all":
-                for child in sorted(store.iterdir()):
-                    if child.is_dir() and (child / MANIFEST_PATH).exists():
-                        entries.append((None, child.name))
-                    elif child.name.endswith((".mar", ".tar.gz", ".tgz")):
-                        entries.append((None, child.name))
+                entries.extend(
+                    (None, child.name) for child in sorted(store.iterdir()) if _is_model(child)
+                )
             elif "=" in part:
                 name, _, path = part.partition("=")
                 entries.append((name.strip(), path.strip()))

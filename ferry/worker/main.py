@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -82,12 +83,25 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: if the frontend is killed outright, take this worker down with it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # elsewhere the worker still exits when its socket closes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferry-worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     spec = WorkerSpec.from_json(args.spec)
+    _die_with_parent()
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s [{spec.model_name}/{spec.worker_id}] %(levelname)s %(message)s",

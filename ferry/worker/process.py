@@ -73,7 +73,9 @@ class WorkerProcess:
             message = await asyncio.wait_for(worker._receive(), startup_timeout)
         except (WorkerGone, TimeoutError) as exc:
             worker.kill()
-            reason = "timed out loading" if isinstance(exc, TimeoutError) else "exited while loading"
+            reason = (
+                "timed out loading" if isinstance(exc, TimeoutError) else "exited while loading"
+            )
             raise WorkerStartFailed(f"worker {reason}") from exc
         if isinstance(message, WorkerLoadFailed):
             worker.kill()

@@ -63,7 +63,9 @@ class BatchRunner:
         except Exception as exc:
             if isolate_on_error and len(items) > 1:
                 # One bad request must not fail its neighbours: retry each alone.
-                log.warning("batch of %d failed (%s); retrying requests one by one", len(items), exc)
+                log.warning(
+                    "batch of %d failed (%s); retrying requests one by one", len(items), exc
+                )
                 return [self._run_items([item], isolate_on_error=False)[0] for item in items]
             log.exception("handler failed")
             return [_error(item, exc) for item in items]
@@ -71,7 +73,10 @@ class BatchRunner:
             count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
             message = f"handler returned {count} results for a batch of {len(items)} requests"
             return [_error(item, RuntimeError(message)) for item in items]
-        return [self._encode(index, item, out) for index, (item, out) in enumerate(zip(items, outputs, strict=True))]
+        return [
+            self._encode(index, item, out)
+            for index, (item, out) in enumerate(zip(items, outputs, strict=True))
+        ]
 
     def _encode(self, index: int, item: RequestItem, output: Any) -> ItemResult:
         if isinstance(output, BaseException):

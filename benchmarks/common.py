@@ -1,0 +1,131 @@
+"""Shared pieces of the benchmark scripts: machine description, archives, offline handler runs."""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+import warnings
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from examples.demo.shapes import LABELS, draw_shape, encode
+from examples.models.resnet import resnet18
+from ferry.config.settings import available_cores
+from ferry.handlers.context import Context
+from ferry.store.writer import ArchiveSpec, write_archive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine_description() -> str:
+    cpu = "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = ""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        kib = int(meminfo.read_text().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB RAM"
+    return (
+        f"{cpu}, {available_cores()} cores available{memory}; Python {platform.python_version()}, "
+        f"torch {torch.__version__}, {platform.system()} {platform.release()}"
+    )
+
+
+def jpeg_inputs(count: int, size: int, seed: int = 0) -> list[bytes]:
+    """Photo-sized JPEGs of drawn shapes (content does not matter to random weights)."""
+    rng = random.Random(seed)
+    return [
+        encode(draw_shape(LABELS[i % len(LABELS)], rng, size=size), "JPEG") for i in range(count)
+    ]
+
+
+def resnet18_archive(store: Path, batch_size: int, max_batch_delay_ms: int) -> str:
+    """ResNet-18 with seeded random weights, traced to TorchScript, with image_classifier."""
+    torch.manual_seed(0)
+    model = resnet18().eval()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        folder = Path(tmp)
+        traced = torch.jit.trace(model, torch.randn(1, 3, 224, 224))
+        traced.save(str(folder / "resnet18.pt"))
+        config = folder / "model-config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "minWorkers": 1,
+                    "batchSize": batch_size,
+                    "maxBatchDelay": max_batch_delay_ms,
+                    "responseTimeout": 300,
+                }
+            )
+        )
+        spec = ArchiveSpec(
+            "resnet18",
+            "image_classifier",
+            serialized_file=folder / "resnet18.pt",
+            config_file=config,
+        )
+        return write_archive(spec, store, force=True).name
+
+
+def noop_archive(store: Path, batch_size: int) -> str:
+    folder = store / ".noop-src"
+    folder.mkdir(parents=True, exist_ok=True)
+    handler = folder / "noop_handler.py"
+    handler.write_text(
+        "def handle(data, context):\n    return None if data is None else ['ok'] * len(data)\n"
+    )
+    config = folder / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump({"minWorkers": 1, "batchSize": batch_size, "maxBatchDelay": 5})
+    )
+    spec = ArchiveSpec("noop", str(handler), config_file=config)
+    return write_archive(spec, store, force=True).name
+
+
+def offline_handler(store: Path, archive: str, batch_size: int) -> tuple[Any, Context]:
+    """The archive's handler loaded in this process, exactly as a worker loads it."""
+    from ferry.handlers.loader import load_entry_point
+
+    folder = Path(tempfile.mkdtemp(prefix="offline-"))
+    with zipfile.ZipFile(store / archive) as zf:
+        zf.extractall(folder)
+    manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
+    config = yaml.safe_load((folder / "model-config.yaml").read_text())
+    sys.path.insert(0, str(folder))
+    context = Context("offline", str(folder), manifest, batch_size, None, model_yaml_config=config)
+    return load_entry_point(manifest["model"]["handler"], context), context
+
+
+def time_batches(
+    run: Callable[[list[dict[str, Any]]], Any],
+    payloads: list[bytes],
+    batch_size: int,
+    seconds: float,
+) -> list[float]:
+    """Seconds per batch of ``batch_size`` requests, repeated for about ``seconds``."""
+    timings: list[float] = []
+    index, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(timings) < 3:
+        rows = [
+            {"body": bytearray(payloads[(index + i) % len(payloads)])} for i in range(batch_size)
+        ]
+        index += batch_size
+        start = time.perf_counter()
+        run(rows)
+        timings.append(time.perf_counter() - start)
+    return timings

@@ -1,0 +1,100 @@
+"""The CLI as a user runs it: package a model with ``ferry archive``, serve it, query it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples.demo.shapes import encode, labelled_samples
+from tests.fixtures.models import DEMO_STORE, HANDLERS
+from tests.fixtures.server import ferry_server
+
+pytestmark = pytest.mark.e2e
+FERRY = [str(Path(sys.executable).parent / "ferry")]
+
+
+def test_archive_then_serve_then_predict(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    made = subprocess.run(
+        [
+            *FERRY,
+            "archive",
+            "--model-name",
+            "echo",
+            "--version",
+            "3.1",
+            "--handler",
+            str(HANDLERS / "digest_handler.py"),
+            "--export-path",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(made.stdout.strip()) == store / "echo.mar"
+    again = subprocess.run(
+        [
+            *FERRY,
+            "archive",
+            "--model-name",
+            "echo",
+            "--handler",
+            "image_classifier",
+            "--export-path",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "already exists" in again.stderr
+    with ferry_server(store, ["all"], tmp_path, command=FERRY) as server, server.client() as client:
+        response = client.post("/predictions/echo/3.1", content=b"abc")
+        assert response.status_code == 200 and response.json()["batch"] == 1
+
+
+def test_readme_demo_serves_shapes(tmp_path: Path) -> None:
+    sample = DEMO_STORE.parent / "samples" / "star.png"
+    expected = sample.stem
+    server_context = ferry_server(DEMO_STORE, ["shapes=shapes.mar"], tmp_path, command=FERRY)
+    with server_context as server, server.client() as client:
+        assert client.get("/ping").json() == {"status": "Healthy"}
+        scores = client.post("/predictions/shapes", content=sample.read_bytes()).json()
+        assert max(scores, key=scores.get) == expected
+        label, image = labelled_samples(1, seed=77)[0]
+        files = {"data": ("shape.png", encode(image), "image/png")}
+        scores = client.post("/predictions/shapes", files=files).json()
+        assert max(scores, key=scores.get) == label
+
+
+def test_serve_refuses_a_missing_store(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*FERRY, "serve", "--model-store", str(tmp_path / "absent"), "--models", "all"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+
+
+def test_serve_stops_on_an_unloadable_archive(tmp_path: Path) -> None:
+    (tmp_path / "bad.mar").write_bytes(b"nope")
+    result = subprocess.run(
+        [
+            *FERRY,
+            "serve",
+            "--model-store",
+            str(tmp_path),
+            "--models",
+            "bad.mar",
+            "--inference-address",
+            "http://127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "not a valid zip" in result.stderr

@@ -1,0 +1,42 @@
+"""A handler written for TorchServe (``ts.*`` imports) loads and serves unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+
+from ferry.bench.load import run_closed_loop
+from tests.fixtures.server import RunningServer
+
+
+def test_torchserve_style_handler_serves(main_server: RunningServer) -> None:
+    with main_server.client() as client:
+        response = client.post("/predictions/doubler", content=b"[1, 2.5, -3]")
+        assert response.status_code == 200, response.text
+        assert response.json() == [2.0, 5.0, -6.0]
+        assert response.headers["x-first-request"]
+        form = client.post("/predictions/doubler", files={"data": ("x.json", b"[4]")})
+        assert form.status_code == 200 and form.json() == [8.0]
+        refused = client.post("/predictions/doubler", content=b'{"a": 1}')
+        assert refused.status_code == 422  # PredictionException's own code
+
+
+def test_torchserve_style_handler_batches(main_server: RunningServer) -> None:
+    payloads = [json.dumps([i, i + 1]).encode() for i in range(64)]
+    result = asyncio.run(
+        run_closed_loop(
+            f"{main_server.url}/predictions/doubler",
+            payloads,
+            concurrency=16,
+            requests=len(payloads),
+            keep_bodies=True,
+        )
+    )
+    assert result.statuses == {200: 64}
+    for index, _, body in result.bodies:
+        assert json.loads(body) == [2.0 * index, 2.0 * (index + 1)]
+
+
+def test_ferry_installs_no_top_level_ts_package() -> None:
+    assert importlib.util.find_spec("ts") is None

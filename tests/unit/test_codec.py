@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from ferry.worker import codec
+from ferry.worker.messages import (
+    BatchResult,
+    InputPart,
+    ItemResult,
+    PredictBatch,
+    RequestItem,
+    WorkerLoadFailed,
+    WorkerReady,
+)
+
+MESSAGES = [
+    PredictBatch(
+        7, [RequestItem("r1", {"a": "b"}, [InputPart("body", "image/jpeg", b"\x00\xff")])]
+    ),
+    BatchResult(
+        7,
+        [
+            ItemResult("r1", b"{}", "application/json", 201, {"x": "y"}),
+            ItemResult("r2", b"", "", 0, {}, "invalid_input", "bad"),
+        ],
+        1.5,
+    ),
+    WorkerReady(1234, "cpu"),
+    WorkerLoadFailed("boom"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: object) -> None:
+    frame = codec.encode(message)  # type: ignore[arg-type]
+    header, payload = frame[: codec.FRAME_HEADER.size], frame[codec.FRAME_HEADER.size :]
+    assert codec.frame_length(header) == len(payload)
+    assert codec.decode(payload) == message
+
+
+def test_other_protocol_version_is_refused() -> None:
+    payload = msgpack.packb([99, 3, 1, "cpu"])
+    with pytest.raises(codec.ProtocolError, match="version 99"):
+        codec.decode(payload)
+
+
+def test_garbage_and_unknown_kinds_are_refused() -> None:
+    with pytest.raises(codec.ProtocolError):
+        codec.decode(b"\xc1")
+    with pytest.raises(codec.ProtocolError, match="unknown message kind"):
+        codec.decode(msgpack.packb([1, 42]))
+    with pytest.raises(codec.ProtocolError, match="malformed"):
+        codec.decode(msgpack.packb([1, 3, "only-one-field"]))
