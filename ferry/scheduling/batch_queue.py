@@ -48,6 +48,10 @@ class BatchQueue(Generic[T]):
     def drain(self) -> list[T]:
         return self._assembler.drain(self._clock())
 
+    def take_ready(self) -> list[T] | None:
+        """The next batch if the policy releases one right now, without waiting."""
+        return self._assembler.poll(self._clock())
+
     async def take_batch(self) -> list[T]:
         """Wait until the policy releases a batch. Cancelling takes nothing from the queue."""
         while True:

@@ -22,7 +22,7 @@ from ferry.errors import (
 )
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import InferenceResponse, Job
-from ferry.worker.messages import ItemResult, PredictBatch
+from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
 from ferry.worker.process import WorkerGone, WorkerProcess, WorkerStartFailed
 from ferry.worker.spec import WorkerSpec
 
@@ -189,17 +189,25 @@ class ModelRunner:
     async def _serve_with(self, slot: WorkerSlot, worker: WorkerProcess) -> None:
         """Feed batches to one worker until it dies or hangs."""
         try:
+            in_flight: tuple[PredictBatch, list[Job]] | None = None
             while True:
-                jobs = await self._next_batch_or_death(worker)
-                if jobs is None:
-                    log.warning(
-                        "%s worker %d (pid %d) exited while idle", self.name, slot.index, worker.pid
-                    )
-                    return
+                if in_flight is None:
+                    slot.state = "ready"
+                    jobs = await self._next_batch_or_death(worker)
+                    if jobs is None:
+                        log.warning("%s worker pid %d exited while idle", self.name, worker.pid)
+                        return
+                    in_flight = self._dispatch(worker, jobs)
                 slot.state = "busy"
-                if not await self._run_batch(worker, jobs):
+                batch, jobs = in_flight
+                result = await self._collect(worker, batch, jobs)
+                if result is None:
                     return
-                slot.state = "ready"
+                # Start the worker on its next batch before answering this one: the worker
+                # never waits while the frontend writes HTTP responses.
+                ready = self.queue.take_ready()
+                in_flight = self._dispatch(worker, ready) if ready else None
+                self._deliver(jobs, result)
         finally:
             worker.kill()
 
@@ -219,39 +227,43 @@ class ModelRunner:
         take.cancel()
         return None
 
-    async def _run_batch(self, worker: WorkerProcess, jobs: list[Job]) -> bool:
-        """Run one batch; False if the worker must be replaced."""
+    def _dispatch(self, worker: WorkerProcess, jobs: list[Job]) -> tuple[PredictBatch, list[Job]]:
         self._batch_ids += 1
         batch = PredictBatch(self._batch_ids, [job.item for job in jobs])
         for job in jobs:
             job.attempts += 1
+        worker.send(batch)
+        return batch, jobs
+
+    async def _collect(
+        self, worker: WorkerProcess, batch: PredictBatch, jobs: list[Job]
+    ) -> BatchResult | None:
+        """The batch's result; None (its requests answered or requeued) if the worker must go."""
+        timeout = self.settings.response_timeout
         try:
-            result = await worker.predict(batch, self.settings.response_timeout)
+            return await worker.result(batch.batch_id, timeout)
         except asyncio.CancelledError:
             for job in jobs:
                 job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
             raise
         except TimeoutError:
             log.error(
-                "%s worker pid %d exceeded responseTimeout %.1fs; killing it",
+                "%s worker pid %d exceeded responseTimeout %gs; killing it",
                 self.name,
                 worker.pid,
-                self.settings.response_timeout,
+                timeout,
             )
             for job in jobs:
-                job.fail(
-                    ResponseTimeout(
-                        f"model {self.name} did not answer within "
-                        f"{self.settings.response_timeout:g}s"
-                    )
-                )
-            return False
+                job.fail(ResponseTimeout(f"model {self.name} did not answer within {timeout:g}s"))
         except WorkerGone:
             log.error(
                 "%s worker pid %d died during a batch of %d", self.name, worker.pid, len(jobs)
             )
             self._retry_or_fail(jobs)
-            return False
+        return None
+
+    def _deliver(self, jobs: list[Job], result: BatchResult) -> None:
+        log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         by_id = {item.request_id: item for item in result.results}
         for job in jobs:
             item = by_id.get(job.item.request_id)
@@ -263,7 +275,6 @@ class ModelRunner:
                 job.fail(outcome)
             else:
                 job.resolve(outcome)
-        return True
 
     def _retry_or_fail(self, jobs: list[Job]) -> None:
         retry = [job for job in jobs if job.attempts < MAX_ATTEMPTS and not job.future.done()]

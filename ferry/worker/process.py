@@ -94,15 +94,19 @@ class WorkerProcess:
             raise WorkerGone(f"worker {self.pid} closed its connection") from exc
         return codec.decode(payload)
 
-    async def predict(self, batch: PredictBatch, timeout: float) -> BatchResult:
-        """Send a batch and wait for its result; TimeoutError if the worker is too slow."""
-        try:
+    def send(self, batch: PredictBatch) -> None:
+        """Queue a batch for the worker; a dead worker shows up when its result is awaited."""
+        if not self._writer.is_closing():
             self._writer.write(codec.encode(batch))
+
+    async def result(self, batch_id: int, timeout: float) -> BatchResult:
+        """The result of the batch sent last; TimeoutError if the worker is too slow."""
+        try:
             await self._writer.drain()
         except ConnectionError as exc:
             raise WorkerGone(f"worker {self.pid} is gone") from exc
         message = await asyncio.wait_for(self._receive(), timeout)
-        if not isinstance(message, BatchResult) or message.batch_id != batch.batch_id:
+        if not isinstance(message, BatchResult) or message.batch_id != batch_id:
             raise WorkerGone(f"worker {self.pid} answered out of protocol; replacing it")
         return message
 
