@@ -18,6 +18,7 @@ import asyncio
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,20 +32,20 @@ from benchmarks.common import (
     time_batches,
 )
 from ferry.bench.load import run_closed_loop
+from ferry.config.settings import available_cores, threads_per_worker
+from ferry.worker.torch_setup import worker_torch_mode
 from tests.fixtures.server import ferry_server
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
-def offline_round(handler, context, payloads: list[bytes], seconds: float) -> dict[int, float]:  # type: ignore[no-untyped-def]
-    """Images per second at each batch size, and (key 0) batch-1 median latency in ms."""
-    figures: dict[int, float] = {}
-    for batch_size in BATCH_SIZES:
-        timings = time_batches(lambda rows: handler(rows, context), payloads, batch_size, seconds)
-        figures[batch_size] = batch_size / statistics.median(timings)
-        if batch_size == 1:
-            figures[0] = statistics.median(timings) * 1000
-    return figures
+def offline_sweep(handler, context, payloads: list[bytes], seconds: float) -> dict[int, float]:  # type: ignore[no-untyped-def]
+    """Images per second at each batch size."""
+    return {
+        b: b
+        / statistics.median(time_batches(lambda rows: handler(rows, context), payloads, b, seconds))
+        for b in BATCH_SIZES
+    }
 
 
 def load(url: str, payloads: list[bytes], concurrency: int, requests: int):  # type: ignore[no-untyped-def]
@@ -61,11 +62,16 @@ def load(url: str, payloads: list[bytes], concurrency: int, requests: int):  # t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/core.md"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4.0, help="offline time per batch size")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of one measurement")
     parser.add_argument("--image-size", type=int, default=480)
     args = parser.parse_args()
+    # Torch in this process runs as in a worker: same threads, same TorchScript mode.
+    with worker_torch_mode(threads_per_worker(available_cores(), 1), gpu_id=None):
+        run(args)
 
+
+def run(args: argparse.Namespace) -> None:
     payloads = jpeg_inputs(64, args.image_size)
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     store = tmp / "store"
@@ -73,80 +79,109 @@ def main() -> None:
     handler, context = offline_handler(store, probe_archive, batch_size=16)
     print("warming up offline ...", flush=True)
     time_batches(lambda rows: handler(rows, context), payloads, 8, 3.0)
-    first = offline_round(handler, context, payloads, args.seconds)
-    best_batch = max(BATCH_SIZES, key=lambda b: first[b])
-    print(f"offline best batch size: {best_batch} ({first[best_batch]:.1f} img/s)", flush=True)
-    archive = resnet18_archive(store, batch_size=best_batch, max_batch_delay_ms=10)
+    sweep = offline_sweep(handler, context, payloads, args.seconds / 2)
+    best = max(BATCH_SIZES, key=lambda b: sweep[b])
+    print(f"offline sweep: {sweep}; best batch size {best}", flush=True)
+    archive = resnet18_archive(store, batch_size=best, max_batch_delay_ms=10)
     noop = noop_archive(store, batch_size=8)
 
-    offline_rounds, server_tput, server_p50, noop_rps = [first], [], [], []
-    models = [f"resnet18={archive}", f"noop={noop}"]
-    with ferry_server(store, models, tmp) as server:
+    rounds: list[Round] = []
+    run = lambda rows: handler(rows, context)  # noqa: E731
+    with ferry_server(store, [f"resnet18={archive}", f"noop={noop}"], tmp) as server:
         resnet_url = f"{server.url}/predictions/resnet18"
         load(resnet_url, payloads, 16, 64)  # warm-up
-        for round_index in range(args.rounds):
-            if round_index:
-                offline_rounds.append(offline_round(handler, context, payloads, args.seconds))
-            requests = max(160, int(first[best_batch] * 12))
-            result = load(resnet_url, payloads, 16, requests)
-            server_tput.append(result.throughput)
-            server_p50.append(load(resnet_url, payloads, 1, 60).latency_ms(50))
-            noop_rps.append(load(f"{server.url}/predictions/noop", [b"x"], 16, 5000).throughput)
-            print(
-                f"round {round_index + 1}: server {server_tput[-1]:.1f} img/s, "
-                f"c=1 p50 {server_p50[-1]:.1f} ms, no-op {noop_rps[-1]:.0f} req/s",
-                flush=True,
-            )
+        requests = max(64, int(sweep[best] * args.seconds))
+        for index in range(args.rounds):
+            # Offline and server measured back to back, in alternating order, so drift in
+            # the machine's speed hits both sides of each ratio alike.
+            pair: dict[str, float] = {}
+            for side in ("offline", "server") if index % 2 == 0 else ("server", "offline"):
+                if side == "offline":
+                    pair["ips"] = best / statistics.median(
+                        time_batches(run, payloads, best, args.seconds)
+                    )
+                    pair["b1"] = (
+                        statistics.median(time_batches(run, payloads, 1, args.seconds / 2)) * 1000
+                    )
+                else:
+                    pair["server"] = load(resnet_url, payloads, 16, requests).throughput
+                    pair["c1"] = load(resnet_url, payloads, 1, 40).latency_ms(50)
+            noop_rps = load(f"{server.url}/predictions/noop", [b"x"], 16, 3000).throughput
+            rounds.append(Round(pair["ips"], pair["b1"], pair["server"], pair["c1"], noop_rps))
+            print(f"round {index + 1}: {rounds[-1]}", flush=True)
 
-    report = render(args, offline_rounds, best_batch, server_tput, server_p50, noop_rps)
+    report = render(args, sweep, best, rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)
     print(report)
 
 
-def render(args, offline_rounds, best_batch, server_tput, server_p50, noop_rps) -> str:  # type: ignore[no-untyped-def]
+@dataclass(frozen=True)
+class Round:
+    offline_ips: float
+    offline_b1_ms: float
+    server_ips: float
+    server_c1_p50_ms: float
+    noop_rps: float
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.server_ips / self.offline_ips
+
+    @property
+    def latency_overhead_ms(self) -> float:
+        return self.server_c1_p50_ms - self.offline_b1_ms
+
+
+def render(args, sweep: dict[int, float], best: int, rounds: list[Round]) -> str:  # type: ignore[no-untyped-def]
     med = statistics.median
-    offline_best = med([r[best_batch] for r in offline_rounds])
-    offline_b1 = med([r[0] for r in offline_rounds])
-    tput, p50 = med(server_tput), med(server_p50)
+    ratio = med([r.throughput_ratio for r in rounds])
+    overhead = med([r.latency_overhead_ms for r in rounds])
     lines = [
         "# Ferry core benchmark: ResNet-18, image_classifier, JPEG input, 1 worker",
         "",
         f"Machine: {machine_description()}.",
-        f"Inputs: 64 JPEGs of {args.image_size}x{args.image_size} px; "
-        "ResNet-18 with random weights, "
-        "TorchScript; handler: built-in `image_classifier` (decode, resize 256, crop 224, top-5).",
-        f"Rounds: {len(server_tput)}, offline and server alternating in one run; medians shown. "
-        "Produced by `make bench` (`benchmarks/core_benchmark.py`).",
+        f"Inputs: 64 JPEGs of {args.image_size}x{args.image_size} px; ResNet-18 with random "
+        "weights, TorchScript; handler: built-in `image_classifier` (decode, resize 256, crop 224, "
+        "top-5). Produced by `make bench` (`benchmarks/core_benchmark.py`) in one run.",
         "",
         "## Offline handler pipeline (no server), images/s by batch size",
         "",
         "| batch size | " + " | ".join(str(b) for b in BATCH_SIZES) + " |",
         "|---" * (len(BATCH_SIZES) + 1) + "|",
-        "| images/s | "
-        + " | ".join(f"{med([r[b] for r in offline_rounds]):.1f}" for b in BATCH_SIZES)
-        + " |",
+        "| images/s | " + " | ".join(f"{sweep[b]:.1f}" for b in BATCH_SIZES) + " |",
         "",
-        "## Server against offline",
+        f"The server runs with batch size {best} (best of this sweep), `maxBatchDelay` 10 ms.",
         "",
-        "| figure | offline | server | ratio / difference | target |",
+        f"## Server against offline: medians of {len(rounds)} paired rounds",
+        "",
+        "| figure | offline | server | server / offline | target |",
         "|---|---|---|---|---|",
-        f"| throughput, server at concurrency 16 (batch size {best_batch}) vs offline best | "
-        f"{offline_best:.1f} img/s | {tput:.1f} img/s | {tput / offline_best:.3f} x | >= 0.9 x |",
-        f"| p50 latency, server at concurrency 1 vs offline batch 1 | {offline_b1:.1f} ms | "
-        f"{p50:.1f} ms | +{p50 - offline_b1:.1f} ms | <= +3 ms |",
-        f"| no-op handler at concurrency 16 (server overhead) | - | "
-        f"{med(noop_rps):.0f} req/s | - | - |",
+        f"| throughput at concurrency 16 vs offline at batch {best} | "
+        f"{med([r.offline_ips for r in rounds]):.1f} img/s | "
+        f"{med([r.server_ips for r in rounds]):.1f} img/s | {ratio:.3f} x | >= 0.9 x |",
+        f"| p50 latency at concurrency 1 vs offline batch 1 | "
+        f"{med([r.offline_b1_ms for r in rounds]):.1f} ms | "
+        f"{med([r.server_c1_p50_ms for r in rounds]):.1f} ms | {overhead:+.1f} ms | <= +3 ms |",
+        f"| no-op handler at concurrency 16 (the server's own overhead) | - | "
+        f"{med([r.noop_rps for r in rounds]):.0f} req/s | - | - |",
         "",
-        "Per round (server): "
-        + "; ".join(
-            f"{t:.1f} img/s, p50 {p:.1f} ms, no-op {n:.0f} req/s"
-            for t, p, n in zip(server_tput, server_p50, noop_rps, strict=True)
-        )
-        + ".",
+        "Ratios and differences are taken within each round (offline and server measured back "
+        "to back), then the median is shown.",
         "",
-        "The load generator (`ferry.bench.load`) shares the machine's cores with the server "
-        "and its worker.",
+        "| round | offline img/s | server img/s | ratio | offline b1 ms | server c1 p50 ms | "
+        "no-op req/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {i} | {r.offline_ips:.1f} | {r.server_ips:.1f} | {r.throughput_ratio:.3f} | "
+        f"{r.offline_b1_ms:.1f} | {r.server_c1_p50_ms:.1f} | {r.noop_rps:.0f} |"
+        for i, r in enumerate(rounds, 1)
+    ]
+    lines += [
+        "",
+        "The load generator (`ferry.bench.load`, aiohttp, closed loop) runs on the same cores as "
+        "the server and its worker, so it costs the server side some CPU.",
         "",
     ]
     return "\n".join(lines)

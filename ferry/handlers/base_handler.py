@@ -41,6 +41,21 @@ class BaseHandler:
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
 
+    # TorchServe handlers often call these two directly from their own initialize().
+    def _load_torchscript_model(self, model_pt_path: str) -> Any:
+        return load_model(
+            Path(model_pt_path).parent, Path(model_pt_path).name, None, self._device()
+        )
+
+    def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str) -> Any:
+        weights = Path(model_pt_path)
+        if weights.parent != Path(model_dir):
+            raise ValueError("the weights must be in the model folder")
+        return load_model(Path(model_dir), weights.name, model_file, self._device())
+
+    def _device(self) -> torch.device:
+        return self.device if self.device is not None else torch.device("cpu")
+
     def preprocess(self, data: list[dict[str, Any]]) -> Any:
         return torch.as_tensor(data, device=self.device)
 

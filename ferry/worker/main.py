@@ -19,6 +19,7 @@ from typing import BinaryIO
 from ferry.worker import codec
 from ferry.worker.messages import Message, PredictBatch, WorkerLoadFailed, WorkerReady
 from ferry.worker.spec import WorkerSpec
+from ferry.worker.torch_setup import worker_torch_mode
 
 log = logging.getLogger("ferry.worker")
 
@@ -47,13 +48,10 @@ def _prepare_imports(model_dir: str) -> None:
 
 
 def _load(spec: WorkerSpec):  # type: ignore[no-untyped-def]
-    import torch
-
     from ferry.handlers.context import Context
     from ferry.handlers.loader import load_entry_point
     from ferry.worker.runner import BatchRunner
 
-    torch.set_num_threads(spec.torch_threads)
     context = Context(
         spec.model_name,
         spec.model_dir,
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s [{spec.model_name}/{spec.worker_id}] %(levelname)s %(message)s",
     )
-    with socket.socket(fileno=args.fd) as sock:
+    with socket.socket(fileno=args.fd) as sock, worker_torch_mode(spec.torch_threads, spec.gpu_id):
         return serve(sock, spec)
 
 

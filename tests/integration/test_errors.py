@@ -139,3 +139,13 @@ def test_ping_healthy_when_all_workers_ready(main_server: RunningServer, path: s
     with main_server.client() as client:
         response = client.get(path)
         assert response.status_code == 200 and response.json() == {"status": "Healthy"}
+
+
+def test_malformed_multipart_body_is_400(main_server: RunningServer) -> None:
+    with main_server.client() as client:
+        response = client.post(
+            "/predictions/digest",
+            content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\nunterminated",
+            headers={"content-type": "multipart/form-data; boundary=xyz"},
+        )
+        _assert_error(response, 400, "BadRequestException")

@@ -75,3 +75,14 @@ def test_hung_worker_times_out_with_504_and_is_replaced(strict_server: RunningSe
         assert response.json()["type"] == "ResponseTimeoutException"
         after = client.post("/predictions/slow", content=b"fine")
         assert after.status_code == 200 and after.json()["pid"] != before
+
+
+def test_worker_killed_while_idle_is_replaced_before_the_next_request(
+    main_server: RunningServer,
+) -> None:
+    before = _pid(main_server, "victim")
+    os.kill(before, signal.SIGKILL)
+    with main_server.client() as client:
+        response = client.post("/predictions/victim", content=b"next")
+        assert response.status_code == 200
+        assert response.json()["pid"] != before

@@ -136,3 +136,14 @@ def test_decide_rules_in_isolation() -> None:
     waiting = decide(now=0.0, queued=1, arrival_rate=100.0, **common)
     assert not waiting.dispatch and waiting.wake_at == pytest.approx(0.03)  # 3 gaps of 10 ms
     assert decide(now=0.1, queued=1, arrival_rate=1e6, **common).dispatch
+
+
+def test_arrival_rate_evidence_decays_with_time() -> None:
+    rate = WaitingArrivalRate(half_life=1.0)
+    for step in range(1, 11):
+        rate.advance(step * 0.01, queue_was_waiting=True)
+        rate.record_arrival(joined_waiting_queue=True)
+    busy = rate.per_second()
+    rate.advance(10.0, queue_was_waiting=False)  # ten half-lives of an idle, empty queue
+    rate.advance(10.001, queue_was_waiting=True)
+    assert rate.per_second() < busy / 2

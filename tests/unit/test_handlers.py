@@ -216,3 +216,16 @@ def test_image_classifier_batch_with_one_undecodable_image(tmp_path: Path) -> No
     assert max(red, key=red.get) == "red" and len(red) == 2
     assert isinstance(broken, Exception) and "cannot decode image" in str(broken)
     assert max(blue, key=blue.get) == "blue"
+
+
+def test_base_handler_keeps_torchserve_loading_helpers(tmp_path: Path) -> None:
+    from ferry.handlers.base_handler import BaseHandler
+
+    torch.jit.script(Doubler()).save(str(tmp_path / "m.pt"))
+    torch.save(Doubler().state_dict(), tmp_path / "w.pt")
+    (tmp_path / "helper_model.py").write_text(DOUBLING_MODEL)
+    handler = BaseHandler()
+    scripted = handler._load_torchscript_model(str(tmp_path / "m.pt"))
+    eager = handler._load_pickled_model(str(tmp_path), "helper_model.py", str(tmp_path / "w.pt"))
+    for model in (scripted, eager):
+        assert torch.equal(model(torch.ones(2, 1)), torch.full((2, 1), 2.0))
