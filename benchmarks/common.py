@@ -100,7 +100,8 @@ def noop_archive(store: Path, batch_size: int) -> str:
 def offline_handler(store: Path, archive: str, batch_size: int) -> tuple[Any, Context]:
     """The archive's handler loaded in this process, as a worker loads it.
 
-    Call it, and run the handler, inside ``worker_torch_mode`` so torch runs as in a worker.
+    Configure torch with ``configure_torch`` first, and start the process with
+    ``worker_environment``, so torch runs as in a worker.
     """
     from ferry.handlers.loader import load_entry_point
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from benchmarks.common import (
 )
 from ferry.bench.load import run_closed_loop
 from ferry.config.settings import available_cores, threads_per_worker
-from ferry.worker.torch_setup import worker_torch_mode
+from ferry.worker.torch_setup import configure_torch, worker_environment
 from tests.fixtures.server import ferry_server
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -66,9 +67,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of one measurement")
     parser.add_argument("--image-size", type=int, default=480)
     args = parser.parse_args()
-    # Torch in this process runs as in a worker: same threads, same TorchScript mode.
-    with worker_torch_mode(threads_per_worker(available_cores(), 1), gpu_id=None):
-        run(args)
+    environment = worker_environment(os.environ)
+    if any(os.environ.get(key) != value for key, value in environment.items()):
+        # The offline side runs with the memory settings a worker gets, or it is no limit.
+        os.execve(sys.executable, [sys.executable, *sys.argv], environment)
+    configure_torch(threads_per_worker(available_cores(), 1))  # as a lone worker has
+    run(args)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ from typing import BinaryIO
 from ferry.worker import codec
 from ferry.worker.messages import Message, PredictBatch, WorkerLoadFailed, WorkerReady
 from ferry.worker.spec import WorkerSpec
-from ferry.worker.torch_setup import worker_torch_mode
+from ferry.worker.torch_setup import configure_torch
 
 log = logging.getLogger("ferry.worker")
 
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s [{spec.model_name}/{spec.worker_id}] %(levelname)s %(message)s",
     )
-    with socket.socket(fileno=args.fd) as sock, worker_torch_mode(spec.torch_threads, spec.gpu_id):
+    configure_torch(spec.torch_threads)
+    with socket.socket(fileno=args.fd) as sock:
         return serve(sock, spec)
 
 

@@ -18,6 +18,7 @@ from ferry.worker.messages import (
     WorkerReady,
 )
 from ferry.worker.spec import WorkerSpec
+from ferry.worker.torch_setup import worker_environment
 
 log = logging.getLogger("ferry.worker")
 
@@ -63,7 +64,7 @@ class WorkerProcess:
                 spec.to_json(),
                 pass_fds=(child_sock.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=worker_environment(os.environ),
             )
         finally:
             child_sock.close()

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from ferry.worker.spec import WorkerSpec
+from ferry.worker.torch_setup import GLIBC_MALLOC_SETTINGS, worker_environment
+
+
+def test_worker_environment_adds_malloc_settings_but_user_values_win() -> None:
+    env = worker_environment({"PATH": "/bin", "MALLOC_TRIM_THRESHOLD_": "0"})
+    assert env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "0"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == GLIBC_MALLOC_SETTINGS["MALLOC_MMAP_THRESHOLD_"]
+
+
+def test_worker_spec_round_trips_through_json() -> None:
+    spec = WorkerSpec("m", "/models/m", "h.py:fn", {"model": {}}, 8, None, {"k": [1]}, 2, "w0.1")
+    assert WorkerSpec.from_json(spec.to_json()) == spec
