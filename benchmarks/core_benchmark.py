@@ -185,7 +185,8 @@ def render(args, sweep: dict[int, float], best: int, rounds: list[Round]) -> str
     lines += [
         "",
         "The load generator (`ferry.bench.load`, aiohttp, closed loop) runs on the same cores as "
-        "the server and its worker, so it costs the server side some CPU.",
+        "the server and its worker, so it costs the server side some CPU. Both sides run with "
+        "a worker's torch threads and glibc malloc settings (`ferry/worker/torch_setup.py`).",
         "",
     ]
     return "\n".join(lines)
