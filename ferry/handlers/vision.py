@@ -67,7 +67,9 @@ class ImageTransform:
             if image.format == "JPEG" and scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
             return image.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        except UnidentifiedImageError as exc:
+            raise InvalidInput("cannot decode image: not a recognised image format") from exc
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise InvalidInput(f"cannot decode image: {exc}") from exc
 
     def to_uint8(self, image: Image.Image) -> torch.Tensor:

@@ -110,7 +110,9 @@ class ModelRunner:
             await self._first_attempt.wait()
 
     async def stop(self) -> None:
+        """Stop every worker and answer whatever is still queued; returns once workers exited."""
         self._stopping = True
+        workers = [slot.worker for slot in self.slots if slot.worker is not None]
         for slot in self.slots:
             if slot.task is not None:
                 slot.task.cancel()
@@ -120,6 +122,8 @@ class ModelRunner:
                     await slot.task
         for job in self.queue.drain():
             job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
+        if workers:  # the slot loops killed them; wait until the OS has them gone
+            await asyncio.wait([worker.exited for worker in workers], timeout=30)
 
     @property
     def ready_workers(self) -> int:

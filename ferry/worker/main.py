@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = WorkerSpec.from_json(args.spec)
     _die_with_parent()
+    # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s [{spec.model_name}/{spec.worker_id}] %(levelname)s %(message)s",

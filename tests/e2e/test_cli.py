@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,34 @@ def test_serve_stops_on_an_unloadable_archive(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 1 and "not a valid zip" in result.stderr
+
+
+def test_sigterm_stops_the_server_and_its_workers(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    subprocess.run(
+        [
+            *FERRY,
+            "archive",
+            "--model-name",
+            "echo",
+            "--handler",
+            str(HANDLERS / "digest_handler.py"),
+            "--export-path",
+            str(store),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
+        with server.client() as client:
+            worker_pid = client.post("/predictions/echo", content=b"x").json()["pid"]
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0
+    assert not Path(f"/proc/{worker_pid}").exists() or _is_zombie(worker_pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
