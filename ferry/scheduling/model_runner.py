@@ -268,6 +268,10 @@ class ModelRunner:
 
     def _deliver(self, jobs: list[Job], result: BatchResult) -> None:
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
+        for metric in result.metrics:  # exposed on the metrics endpoint once that exists
+            log.debug(
+                "%s: handler metric %s=%g %s", self.name, metric.name, metric.value, metric.unit
+            )
         by_id = {item.request_id: item for item in result.results}
         for job in jobs:
             item = by_id.get(job.item.request_id)

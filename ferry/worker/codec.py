@@ -10,6 +10,7 @@ import msgpack
 from ferry.worker.messages import (
     PROTOCOL_VERSION,
     BatchResult,
+    HandlerMetricValue,
     InputPart,
     ItemResult,
     Message,
@@ -41,7 +42,8 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
             [r.request_id, r.body, r.content_type, r.status, r.headers, r.error_kind, r.message]
             for r in message.results
         ]
-        return _RESULT, [message.batch_id, results, message.handler_ms]
+        metrics = [[m.name, m.value, m.unit, m.kind, m.dimensions] for m in message.metrics]
+        return _RESULT, [message.batch_id, results, message.handler_ms, metrics]
     if isinstance(message, WorkerReady):
         return _READY, [message.pid, message.device]
     return _LOAD_FAILED, [message.message]
@@ -73,8 +75,13 @@ def decode(payload: bytes) -> Message:
                 ],
             )
         if kind == _RESULT:
-            batch_id, results, handler_ms = fields
-            return BatchResult(batch_id, [ItemResult(*r) for r in results], handler_ms)
+            batch_id, results, handler_ms, metrics = fields
+            return BatchResult(
+                batch_id,
+                [ItemResult(*r) for r in results],
+                handler_ms,
+                [HandlerMetricValue(*m) for m in metrics],
+            )
         if kind == _READY:
             return WorkerReady(*fields)
         if kind == _LOAD_FAILED:

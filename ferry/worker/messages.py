@@ -48,10 +48,22 @@ class ItemResult:
 
 
 @dataclass(frozen=True)
+class HandlerMetricValue:
+    """One value a handler recorded through ``context.metrics`` during the batch."""
+
+    name: str
+    value: float
+    unit: str
+    kind: str
+    dimensions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class BatchResult:
     batch_id: int
     results: list[ItemResult]
     handler_ms: float
+    metrics: list[HandlerMetricValue] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,13 @@ from ferry.errors import InvalidInput
 from ferry.handlers.context import Context
 from ferry.handlers.exceptions import PredictionException
 from ferry.handlers.loader import EntryPoint
-from ferry.worker.messages import BatchResult, ItemResult, PredictBatch, RequestItem
+from ferry.worker.messages import (
+    BatchResult,
+    HandlerMetricValue,
+    ItemResult,
+    PredictBatch,
+    RequestItem,
+)
 from ferry.worker.payloads import encode_output, request_row
 
 log = logging.getLogger("ferry.worker")
@@ -38,7 +44,13 @@ class BatchRunner:
     def run(self, batch: PredictBatch) -> BatchResult:
         start = time.perf_counter()
         results = self._run_items(batch.items, isolate_on_error=True)
-        return BatchResult(batch.batch_id, results, (time.perf_counter() - start) * 1000)
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        # Drained every batch: the frontend aggregates them, the worker keeps nothing.
+        metrics = [
+            HandlerMetricValue(m.name, m.value, m.unit, m.kind, dict(m.dimensions))
+            for m in self.context.metrics.drain()
+        ]
+        return BatchResult(batch.batch_id, results, elapsed_ms, metrics)
 
     def _run_items(self, items: list[RequestItem], *, isolate_on_error: bool) -> list[ItemResult]:
         rows: list[Any] = []

@@ -6,6 +6,7 @@ import pytest
 from ferry.worker import codec
 from ferry.worker.messages import (
     BatchResult,
+    HandlerMetricValue,
     InputPart,
     ItemResult,
     PredictBatch,
@@ -25,6 +26,7 @@ MESSAGES = [
             ItemResult("r2", b"", "", 0, {}, "invalid_input", "bad"),
         ],
         1.5,
+        [HandlerMetricValue("HandlerTime", 3.5, "ms", "time", {"Level": "Model"})],
     ),
     WorkerReady(1234, "cpu"),
     WorkerLoadFailed("boom"),

@@ -131,6 +131,18 @@ def test_runner_isolates_a_request_that_breaks_its_batch() -> None:
     assert results[0].status == 201
 
 
+def test_runner_drains_handler_metrics_every_batch() -> None:
+    def handle(data: list[Any], context: Context) -> list[Any]:
+        context.metrics.add_counter("Seen", len(data), None, {"model": "m"})
+        return ["ok"] * len(data)
+
+    runner = _runner(handle)
+    first = runner.run(PredictBatch(1, [_item("a", b"x"), _item("b", b"y")])).metrics
+    second = runner.run(PredictBatch(2, [_item("c", b"z")])).metrics
+    assert [(m.name, m.value, m.dimensions) for m in first] == [("Seen", 2.0, {"model": "m"})]
+    assert [m.value for m in second] == [1.0]
+
+
 def test_runner_reports_wrong_length_and_bad_json_input() -> None:
     results = (
         _runner(lambda data, ctx: [1])
