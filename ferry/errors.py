@@ -12,7 +12,12 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ResponseTimeout        the worker did not answer within responseTimeout
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
     ├── ArchiveError           an archive or model folder cannot be read
-    └── ConfigError            a setting is invalid
+    ├── ConfigError            a setting is invalid
+    ├── InvalidRequest         a management call with missing or invalid parameters
+    ├── ModelAlreadyExists     that model version is already registered
+    ├── ModelLoadFailed        registration failed: the model's workers could not load it
+    ├── ModelApiDisabled       register / unregister while enable_model_api is off
+    └── UrlNotAllowed          a remote archive URL that allowed_urls does not match
 """
 
 from __future__ import annotations
@@ -68,4 +73,24 @@ class ArchiveError(FerryError):
 
 
 class ConfigError(FerryError):
+    pass
+
+
+class InvalidRequest(FerryError):
+    pass
+
+
+class ModelAlreadyExists(FerryError):
+    pass
+
+
+class ModelLoadFailed(FerryError):
+    pass
+
+
+class ModelApiDisabled(FerryError):
+    pass
+
+
+class UrlNotAllowed(FerryError):
     pass

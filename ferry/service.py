@@ -1,32 +1,54 @@
-"""The transport-neutral data plane: every HTTP (or later gRPC) adapter calls this.
+"""The transport-neutral service: every HTTP (or later gRPC) adapter calls this.
 
-It owns the registry of model versions and knows nothing about HTTP.
+Data plane (predict, health) and model management (register, scale, describe, ...);
+it owns the model registry and knows nothing about HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.config.settings import ServerSettings, available_cores, default_workers_per_model
 from ferry.config.settings import threads_per_worker as split_threads
-from ferry.errors import ConfigError, ModelNotFound
+from ferry.errors import ConfigError, InvalidRequest, ModelApiDisabled, ModelLoadFailed
 from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.registry import ModelRegistry, ModelVersion
+from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
+from ferry.store.remote import fetch_archive, is_remote
 from ferry.worker.messages import InputPart, RequestItem
 from ferry.worker.spec import WorkerSpec
 
 log = logging.getLogger("ferry.service")
 
 
-@dataclass
-class RegisteredModel:
-    versions: dict[str, ModelRunner] = field(default_factory=dict)
-    default_version: str = ""
+@dataclass(frozen=True)
+class RegisterRequest:
+    """``POST /models``: TorchServe's parameters; None means "from the archive or default"."""
+
+    url: str
+    model_name: str | None = None
+    handler: str | None = None
+    runtime: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: float | None = None
+    initial_workers: int | None = None
+    synchronous: bool = False
+    response_timeout: float | None = None
+    startup_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelPage:
+    models: list[tuple[str, str]]
+    """(model name, archive of its default version)."""
+    next_page_token: str | None
 
 
 def _visible_gpus() -> int:
@@ -36,99 +58,18 @@ def _visible_gpus() -> int:
 
 
 class FerryService:
-    """Predict, health and model loading, independent of any transport."""
+    """Predict, health and model management, independent of any transport."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.models: dict[str, RegisteredModel] = {}
+        self.registry = ModelRegistry()
         self._work_dir = tempfile.TemporaryDirectory(prefix="ferry-models-")
         self._gpus = _visible_gpus()
 
-    # --- models --------------------------------------------------------------------------
-
-    def _runner_settings(self, archive: ModelArchive) -> RunnerSettings:
-        config, settings = archive.config, self.settings
-        cores = available_cores()
-        workers = config.min_workers
-        if workers is None:
-            workers = settings.default_workers_per_model or default_workers_per_model(
-                cores, self._gpus
-            )
-        use_gpu = self._gpus > 0 and config.device_type != "cpu"
-        gpu_ids = (config.device_ids or tuple(range(self._gpus))) if use_gpu else ()
-        delay_ms = config.max_batch_delay_ms
-        return RunnerSettings(
-            batch_size=config.batch_size or settings.default_batch_size,
-            max_batch_delay=(
-                delay_ms if delay_ms is not None else settings.default_max_batch_delay_ms
-            )
-            / 1000,
-            workers=workers,
-            response_timeout=config.response_timeout or settings.default_response_timeout,
-            startup_timeout=max(120.0, config.response_timeout or 0.0),
-            queue_capacity=settings.job_queue_size,
-            torch_threads=split_threads(cores, workers),
-            gpu_ids=gpu_ids,
-        )
-
-    async def load_model(self, archive: ModelArchive) -> ModelRunner:
-        """Start the model's workers and wait until each has tried to load."""
-        registered = self.models.setdefault(archive.name, RegisteredModel())
-        if archive.version in registered.versions:
-            raise ConfigError(f"model {archive.name} version {archive.version} is already loaded")
-        runner_settings = self._runner_settings(archive)
-        spec = WorkerSpec(
-            model_name=archive.name,
-            model_dir=str(archive.model_dir),
-            handler=archive.manifest.handler,
-            manifest=archive.manifest.document,
-            batch_size=runner_settings.batch_size,
-            gpu_id=None,
-            model_yaml_config=archive.config.raw,
-            torch_threads=runner_settings.torch_threads,
-            worker_id="w0",
-        )
-        runner = ModelRunner(archive.name, archive.version, spec, runner_settings)
-        registered.versions[archive.version] = runner
-        registered.default_version = registered.default_version or archive.version
-        runner.start()
-        await runner.wait_started()
-        log.info(
-            "model %s v%s: %d/%d workers ready, batch_size %d, max_batch_delay %.0f ms, "
-            "%d torch threads per worker",
-            archive.name,
-            archive.version,
-            runner.ready_workers,
-            len(runner.slots),
-            runner_settings.batch_size,
-            runner_settings.max_batch_delay * 1000,
-            runner_settings.torch_threads,
-        )
-        return runner
-
-    async def load_startup_models(self) -> None:
-        store, entries = self.settings.model_store, self.settings.models
-        if not entries:
-            return
-        if store is None:
-            raise ConfigError("--models needs --model-store")
-        work_dir = Path(self._work_dir.name)
-        archives = [
-            open_model(store, relative, work_dir, name)
-            for name, relative in resolve_model_entries(store, entries)
-        ]
-        await asyncio.gather(*(self.load_model(archive) for archive in archives))
+    # --- data plane ----------------------------------------------------------------------
 
     def runner(self, model: str, version: str | None = None) -> ModelRunner:
-        registered = self.models.get(model)
-        if registered is None:
-            raise ModelNotFound(f"Model not found: {model}")
-        runner = registered.versions.get(version or registered.default_version)
-        if runner is None:
-            raise ModelNotFound(f"Model version not found: {model} version {version}")
-        return runner
-
-    # --- data plane ----------------------------------------------------------------------
+        return self.registry.get(model, version).runner
 
     async def predict(
         self, model: str, version: str | None, parts: list[InputPart], headers: dict[str, str]
@@ -141,16 +82,181 @@ class FerryService:
 
     def is_healthy(self) -> bool:
         """True when every model version has its minimum workers ready."""
-        return all(
-            runner.is_healthy()
-            for registered in self.models.values()
-            for runner in registered.versions.values()
+        return all(entry.runner.is_healthy() for entry in self.registry.all_versions())
+
+    # --- loading -------------------------------------------------------------------------
+
+    def _runner_settings(
+        self, archive: ModelArchive, startup_timeout: float | None
+    ) -> RunnerSettings:
+        config, settings = archive.config, self.settings
+        cores = available_cores()
+        workers = config.min_workers
+        if workers is None:
+            workers = settings.default_workers_per_model or default_workers_per_model(
+                cores, self._gpus
+            )
+        use_gpu = self._gpus > 0 and config.device_type != "cpu"
+        gpu_ids = (config.device_ids or tuple(range(self._gpus))) if use_gpu else ()
+        delay_ms = config.max_batch_delay_ms
+        if delay_ms is None:
+            delay_ms = settings.default_max_batch_delay_ms
+        return RunnerSettings(
+            batch_size=config.batch_size or settings.default_batch_size,
+            max_batch_delay=delay_ms / 1000,
+            workers=workers,
+            response_timeout=config.response_timeout or settings.default_response_timeout,
+            startup_timeout=startup_timeout or max(120.0, config.response_timeout or 0.0),
+            queue_capacity=settings.job_queue_size,
+            torch_threads=split_threads(cores, max(1, workers)),
+            gpu_ids=gpu_ids,
+            max_workers=config.max_workers or workers,
         )
 
+    def _start(
+        self, archive: ModelArchive, *, at_startup: bool, startup_timeout: float | None = None
+    ) -> ModelVersion:
+        """Register the version and start its workers (without waiting for them)."""
+        runner_settings = self._runner_settings(archive, startup_timeout)
+        spec = WorkerSpec(
+            model_name=archive.name,
+            model_dir=str(archive.model_dir),
+            handler=archive.manifest.handler,
+            manifest=archive.manifest.document,
+            batch_size=runner_settings.batch_size,
+            gpu_id=None,
+            model_yaml_config=archive.config.raw,
+            torch_threads=runner_settings.torch_threads,
+            worker_id="w0",
+        )
+        entry = ModelVersion(
+            archive, ModelRunner(archive.name, archive.version, spec, runner_settings), at_startup
+        )
+        self.registry.add(entry)
+        entry.runner.start()
+        return entry
+
+    async def load_startup_models(self) -> None:
+        store, entries = self.settings.model_store, self.settings.models
+        if not entries:
+            return
+        if store is None:
+            raise ConfigError("--models needs --model-store")
+        work_dir = Path(self._work_dir.name)
+        archives = [
+            open_model(store, relative, work_dir, name)
+            for name, relative in resolve_model_entries(store, entries)
+        ]
+        started = [self._start(archive, at_startup=True) for archive in archives]
+        await asyncio.gather(*(entry.runner.wait_started() for entry in started))
+        for entry in started:
+            runner = entry.runner
+            log.info(
+                "model %s v%s: %d/%d workers ready, batch_size %d, max_batch_delay %.0f ms, "
+                "%d torch threads per worker",
+                runner.name,
+                runner.version,
+                runner.ready_workers,
+                len(runner.slots),
+                runner.settings.batch_size,
+                runner.settings.max_batch_delay * 1000,
+                runner.settings.torch_threads,
+            )
+
+    # --- management ----------------------------------------------------------------------
+
+    def _require_model_api(self) -> None:
+        if not self.settings.enable_model_api:
+            raise ModelApiDisabled(
+                "Model API is disabled: start Ferry with --enable-model-api to register or "
+                "unregister models"
+            )
+
+    async def _open_for_registration(self, request: RegisterRequest) -> ModelArchive:
+        store = self.settings.model_store
+        if store is None:
+            raise InvalidRequest("no --model-store is configured")
+        relative = request.url
+        if is_remote(request.url):
+            relative = await fetch_archive(request.url, store, self.settings.allowed_urls)
+        archive = open_model(store, relative, Path(self._work_dir.name), request.model_name)
+        if request.runtime is not None and request.runtime.lower() != "python":
+            raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
+        if request.handler:
+            manifest = dataclasses.replace(archive.manifest, handler=request.handler)
+            archive = dataclasses.replace(archive, manifest=manifest)
+        config = archive.config.merged(
+            batch_size=request.batch_size,
+            max_batch_delay_ms=request.max_batch_delay_ms,
+            response_timeout=request.response_timeout,
+            min_workers=request.initial_workers,
+        )
+        if config.min_workers is None:
+            config = config.merged(min_workers=0)  # TorchServe's default for registration
+        return dataclasses.replace(archive, config=config)
+
+    async def register(self, request: RegisterRequest) -> tuple[ModelVersion, bool]:
+        """Register a model version; returns it and whether its workers are up already.
+
+        A synchronous registration whose workers all fail to load is rolled back.
+        """
+        self._require_model_api()
+        archive = await self._open_for_registration(request)
+        entry = self._start(archive, at_startup=False, startup_timeout=request.startup_timeout)
+        runner = entry.runner
+        if not request.synchronous and runner.slots:
+            return entry, False
+        await runner.wait_started()
+        if runner.slots and runner.ready_workers == 0:
+            reasons = {slot.last_error for slot in runner.slots}
+            self.registry.remove(archive.name, archive.version)
+            await runner.stop()
+            raise ModelLoadFailed(
+                f"Model {archive.name} failed to load: {'; '.join(sorted(reasons))}"
+            )
+        return entry, True
+
+    async def unregister(self, name: str, version: str | None) -> ModelVersion:
+        self._require_model_api()
+        entry = self.registry.remove(name, version)
+        await entry.runner.stop()
+        return entry
+
+    async def scale(
+        self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
+    ) -> ModelVersion:
+        if min_worker < 0 or max_worker < min_worker:
+            raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
+        entry = self.registry.get(name, version)
+        await entry.runner.scale(min_worker, max_worker, wait=synchronous)
+        return entry
+
+    def set_default(self, name: str, version: str) -> None:
+        self.registry.set_default(name, version)
+
+    def describe(self, name: str, version: str | None) -> list[ModelStatus]:
+        """One version (the default when None), or every version for ``all``."""
+        if version == "all":
+            entries = self.registry.versions_of(name)
+        else:
+            entries = [self.registry.get(name, version)]
+        return [model_status(entry) for entry in entries]
+
+    def list_models(self, limit: int, page_token: int) -> ModelPage:
+        """A page of models (default versions), TorchServe's paging rules."""
+        if limit > 100 or limit < 0:
+            limit = 100
+        start = max(0, page_token)
+        names = self.registry.names()
+        page = names[start : start + limit]
+        end = start + len(page)
+        token = str(end) if page and end < len(names) else None
+        models = [(name, self.registry.get(name).archive.source) for name in page]
+        return ModelPage(models, token)
+
     async def close(self) -> None:
-        runners = [r for reg in self.models.values() for r in reg.versions.values()]
-        await asyncio.gather(*(runner.stop() for runner in runners))
+        await asyncio.gather(*(entry.runner.stop() for entry in self.registry.all_versions()))
         self._work_dir.cleanup()
 
 
-__all__ = ["FerryService"]
+__all__ = ["FerryService", "ModelPage", "RegisterRequest"]

@@ -23,6 +23,21 @@ def add_parser(commands: Any) -> None:
         default="http://127.0.0.1:8080",
         help="listen address of the inference API (port 0: any free port)",
     )
+    parser.add_argument(
+        "--management-address",
+        default="http://127.0.0.1:8081",
+        help="listen address of the management API (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--enable-model-api",
+        action="store_true",
+        help="allow registering and unregistering models through the management API",
+    )
+    parser.add_argument(
+        "--allowed-urls",
+        default="",
+        help="comma-separated regular expressions remote archive URLs must match (default: none)",
+    )
     parser.add_argument("--workers", type=int, default=0, help="workers per model (0: derive)")
     parser.add_argument("--job-queue-size", type=int, default=100)
     parser.add_argument("--max-request-size", type=int, default=6_553_500)
@@ -48,6 +63,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_store=args.model_store,
         models=tuple(args.models),
         inference_address=Address.parse(args.inference_address, key="--inference-address"),
+        management_address=Address.parse(args.management_address, key="--management-address"),
+        enable_model_api=args.enable_model_api,
+        allowed_urls=tuple(url for url in args.allowed_urls.split(",") if url),
         default_workers_per_model=args.workers,
         job_queue_size=args.job_queue_size,
         max_request_size=args.max_request_size,

@@ -49,6 +49,15 @@ class ServerSettings:
     inference_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8080))
     """Inference API listener; loopback unless told otherwise."""
 
+    management_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8081))
+    """Management API listener; loopback unless told otherwise."""
+
+    enable_model_api: bool = False
+    """Allow registering and unregistering models through the management API."""
+
+    allowed_urls: tuple[str, ...] = ()
+    """Regular expressions a remote archive URL must match in full; none by default."""
+
     default_workers_per_model: int = 0
     """Workers per model when the model does not say; 0 derives it from the cores."""
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import Response
 
 from ferry.errors import (
@@ -12,11 +15,16 @@ from ferry.errors import (
     FerryError,
     HandlerFailed,
     InvalidInput,
+    InvalidRequest,
+    ModelAlreadyExists,
+    ModelApiDisabled,
+    ModelLoadFailed,
     ModelNotFound,
     NoWorkerAvailable,
     Overloaded,
     RequestTooLarge,
     ResponseTimeout,
+    UrlNotAllowed,
     WorkerDied,
 )
 
@@ -31,6 +39,11 @@ ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
     HandlerFailed: (500, "InternalServerException"),
     ArchiveError: (400, "InvalidModelException"),
     ConfigError: (400, "BadRequestException"),
+    InvalidRequest: (400, "BadRequestException"),
+    ModelAlreadyExists: (409, "ConflictStatusException"),
+    ModelLoadFailed: (500, "InternalServerException"),
+    ModelApiDisabled: (405, "MethodNotAllowedException"),
+    UrlNotAllowed: (400, "InvalidUrlException"),
 }
 
 
@@ -47,3 +60,32 @@ def error_response(error: FerryError) -> Response:
     if isinstance(error, HandlerFailed) and error.status is not None:
         status = error.status  # the handler asked for this code (PredictionException)
     return error_body(status, error_type, error.message)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(endpoint: Endpoint) -> Endpoint:
+    """Answer the domain errors an endpoint raises through the table above."""
+
+    async def call(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except FerryError as error:
+            return error_response(error)
+
+    return call
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error_body(404, "ResourceNotFoundException", "Requested resource is not found")
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
+
+
+STARLETTE_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    404: _not_found,
+    405: _method_not_allowed,
+}

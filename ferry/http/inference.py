@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.errors import FerryError
-from ferry.http.errors import error_body, error_response
+from ferry.http.errors import STARLETTE_HANDLERS, guarded
 from ferry.http.request_body import read_parts
 from ferry.service import FerryService
 
@@ -26,13 +25,10 @@ def inference_app(service: FerryService) -> Starlette:
     async def predict(request: Request) -> Response:
         model = request.path_params["model"]
         version = request.path_params.get("version")
-        try:
-            service.runner(model, version)  # 404 before reading a body we would discard
-            parts = await read_parts(request, limit)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            answer = await service.predict(model, version, parts, headers)
-        except FerryError as error:
-            return error_response(error)
+        service.runner(model, version)  # 404 before reading a body we would discard
+        parts = await read_parts(request, limit)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        answer = await service.predict(model, version, parts, headers)
         return Response(
             answer.body,
             status_code=answer.status,
@@ -40,15 +36,9 @@ def inference_app(service: FerryService) -> Starlette:
             media_type=answer.content_type,
         )
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return error_body(404, "ResourceNotFoundException", "Requested resource is not found")
-
-    async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        return error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
-
     routes = [
         Route("/ping", ping, methods=["GET"]),
-        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}", guarded(predict), methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", guarded(predict), methods=["POST", "PUT"]),
     ]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
+    return Starlette(routes=routes, exception_handlers=STARLETTE_HANDLERS)

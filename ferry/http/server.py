@@ -10,12 +10,14 @@ import signal
 import socket
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import FerryError
 from ferry.http.inference import inference_app
+from ferry.http.management import management_app
 from ferry.service import FerryService
 
 log = logging.getLogger("ferry")
@@ -50,25 +52,49 @@ def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-async def run_server(settings: ServerSettings) -> int:
-    """Serve until SIGINT/SIGTERM; returns the process exit code."""
-    service = FerryService(settings)
-    sock = bind(settings.inference_address)
-    inference_url = _bound(sock).url()
+def _listener(app: Any) -> _Listener:
     config = uvicorn.Config(
-        inference_app(service),
+        app,
         log_level="warning",
         access_log=False,
         lifespan="off",
         http="httptools",
         timeout_keep_alive=75,
     )
-    listener = _Listener(config)
+    return _Listener(config)
+
+
+def _log_models(service: FerryService) -> None:
+    for entry in service.registry.all_versions():
+        runner = entry.runner
+        devices = sorted({s.worker.device for s in runner.slots if s.worker}) or ["none"]
+        log.info(
+            "model %s v%s: %d workers on %s",
+            runner.name,
+            runner.version,
+            len(runner.slots),
+            ", ".join(devices),
+        )
+
+
+async def run_server(settings: ServerSettings) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code."""
+    service = FerryService(settings)
+    apps = {
+        "inference": (settings.inference_address, inference_app(service)),
+        "management": (settings.management_address, management_app(service)),
+    }
+    sockets = {name: bind(address) for name, (address, _) in apps.items()}
+    urls = {name: _bound(sock).url() for name, sock in sockets.items()}
+    listeners = [_listener(app) for _, app in apps.values()]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    serving = asyncio.create_task(listener.serve(sockets=[sock]))
+    serving = [
+        asyncio.create_task(listener.serve(sockets=[sock]))
+        for listener, sock in zip(listeners, sockets.values(), strict=True)
+    ]
     exit_code = 0
     try:
         await service.load_startup_models()
@@ -77,22 +103,15 @@ async def run_server(settings: ServerSettings) -> int:
         stop.set()
         exit_code = 1
     else:
-        log.info("inference API listening on %s", inference_url)
-        for name, registered in service.models.items():
-            for version, runner in registered.versions.items():
-                devices = sorted({s.worker.device for s in runner.slots if s.worker}) or ["none"]
-                log.info(
-                    "model %s v%s: %d workers on %s",
-                    name,
-                    version,
-                    len(runner.slots),
-                    ", ".join(devices),
-                )
+        for name, url in urls.items():
+            log.info("%s API listening on %s", name, url)
+        _log_models(service)
         if settings.ready_file is not None:
-            _write_ready_file(settings.ready_file, {"inference": inference_url})
+            _write_ready_file(settings.ready_file, urls)
     await stop.wait()
     log.info("shutting down")
-    listener.should_exit = True
-    await serving
+    for listener in listeners:
+        listener.should_exit = True
+    await asyncio.gather(*serving)
     await service.close()
     return exit_code

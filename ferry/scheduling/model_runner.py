@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 from ferry.errors import (
@@ -38,11 +39,14 @@ class RunnerSettings:
     max_batch_delay: float
     """Seconds."""
     workers: int
+    """Workers to keep running (TorchServe's minWorkers)."""
     response_timeout: float
     startup_timeout: float
     queue_capacity: int
     torch_threads: int
     gpu_ids: tuple[int, ...] = ()
+    max_workers: int = 0
+    """TorchServe's maxWorkers, reported by describe; Ferry runs ``workers`` processes."""
 
 
 class Backoff:
@@ -67,6 +71,10 @@ class WorkerSlot:
     worker: WorkerProcess | None = None
     restarts: int = 0
     last_error: str = ""
+    ready_since: float | None = None
+    """Wall-clock time (epoch seconds) its current worker became ready."""
+    retire: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    """Set when scaling down: finish the batch in hand, then stop."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -92,7 +100,9 @@ class ModelRunner:
         self.queue: BatchQueue[Job] = BatchQueue(
             settings.batch_size, settings.max_batch_delay, settings.queue_capacity
         )
-        self.slots = [WorkerSlot(i) for i in range(settings.workers)]
+        self.slots: list[WorkerSlot] = []
+        self.max_workers = max(settings.max_workers, settings.workers)
+        self._slot_ids = 0
         self._batch_ids = 0
         self._stopping = False
         self._first_attempt = asyncio.Event()
@@ -100,14 +110,33 @@ class ModelRunner:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        for slot in self.slots:
-            slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.name}-w{slot.index}")
+        for _ in range(self.settings.workers):
+            self._add_slot()
 
-    async def wait_started(self) -> None:
-        """Until every slot has tried its first start (successfully or not)."""
-        while any(slot.state == "starting" for slot in self.slots):
+    def _add_slot(self) -> WorkerSlot:
+        slot = WorkerSlot(self._slot_ids)
+        self._slot_ids += 1
+        slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.name}-w{slot.index}")
+        self.slots.append(slot)
+        return slot
+
+    async def wait_started(self, slots: list[WorkerSlot] | None = None) -> None:
+        """Until every slot (or those given) has tried its first start, successfully or not."""
+        while any(slot.state == "starting" for slot in (self.slots if slots is None else slots)):
             self._first_attempt.clear()
             await self._first_attempt.wait()
+
+    async def scale(self, workers: int, max_workers: int, *, wait: bool) -> None:
+        """Run ``workers`` processes. Retired workers finish the batch they hold first, so
+        scaling down under load fails no request."""
+        self.max_workers = max(max_workers, workers)
+        added = [self._add_slot() for _ in range(workers - len(self.slots))]
+        retired, self.slots = self.slots[workers:], self.slots[:workers]
+        for slot in retired:
+            slot.retire.set()
+        if wait:
+            await self.wait_started(added)
+            await asyncio.gather(*(slot.task for slot in retired if slot.task is not None))
 
     async def stop(self) -> None:
         """Stop every worker and answer whatever is still queued; returns once workers exited."""
@@ -151,7 +180,7 @@ class ModelRunner:
     async def _run_slot(self, slot: WorkerSlot) -> None:
         backoff = Backoff()
         try:
-            while not self._stopping:
+            while not self._stopping and not slot.retire.is_set():
                 try:
                     worker = await WorkerProcess.start(
                         self._spec_for(slot), self.settings.startup_timeout
@@ -160,7 +189,7 @@ class ModelRunner:
                     self._on_start_failed(slot, str(exc))
                 else:
                     backoff.reset()
-                    slot.worker, slot.state = worker, "ready"
+                    slot.worker, slot.state, slot.ready_since = worker, "ready", time.time()
                     self._first_attempt.set()
                     log.info(
                         "%s v%s worker %d ready (pid %d)",
@@ -170,8 +199,10 @@ class ModelRunner:
                         worker.pid,
                     )
                     await self._serve_with(slot, worker)
-                    slot.worker = None
+                    slot.worker, slot.ready_since = None, None
                     slot.state = "restarting"
+                if slot.retire.is_set():
+                    break
                 slot.restarts += 1
                 await asyncio.sleep(backoff.next())
         finally:
@@ -197,9 +228,10 @@ class ModelRunner:
             while True:
                 if in_flight is None:
                     slot.state = "ready"
-                    jobs = await self._next_batch_or_death(worker)
+                    jobs = await self._next_batch_or_death(worker, slot.retire)
                     if jobs is None:
-                        log.warning("%s worker pid %d exited while idle", self.name, worker.pid)
+                        if not slot.retire.is_set():
+                            log.warning("%s worker pid %d exited while idle", self.name, worker.pid)
                         return
                     in_flight = self._dispatch(worker, jobs)
                 slot.state = "busy"
@@ -209,26 +241,32 @@ class ModelRunner:
                     return
                 # Start the worker on its next batch before answering this one: the worker
                 # never waits while the frontend writes HTTP responses.
-                ready = self.queue.take_ready()
+                ready = None if slot.retire.is_set() else self.queue.take_ready()
                 in_flight = self._dispatch(worker, ready) if ready else None
                 self._deliver(jobs, result)
         finally:
             worker.kill()
 
-    async def _next_batch_or_death(self, worker: WorkerProcess) -> list[Job] | None:
+    async def _next_batch_or_death(
+        self, worker: WorkerProcess, retire: asyncio.Event
+    ) -> list[Job] | None:
+        """The next batch; None if the worker died or its slot is retired first."""
         take = asyncio.ensure_future(self.queue.take_batch())
+        retired = asyncio.ensure_future(retire.wait())
         try:
-            await asyncio.wait({take, worker.exited}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({take, worker.exited, retired}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             take.cancel()
             raise
-        if take.done():
-            jobs = take.result()
-            if not worker.exited.done():
-                return jobs
-            self.queue.put_front(jobs)  # taken in the same instant the worker died
+        finally:
+            retired.cancel()
+        if not take.done():
+            take.cancel()  # nothing was taken: cancelling take_batch leaves the queue as it was
             return None
-        take.cancel()
+        jobs = take.result()
+        if not worker.exited.done() and not retire.is_set():
+            return jobs
+        self.queue.put_front(jobs)  # taken in the same instant the worker died or retired
         return None
 
     def _dispatch(self, worker: WorkerProcess, jobs: list[Job]) -> tuple[PredictBatch, list[Job]]:

@@ -93,6 +93,8 @@ def test_serve_stops_on_an_unloadable_archive(tmp_path: Path) -> None:
             "bad.mar",
             "--inference-address",
             "http://127.0.0.1:0",
+            "--management-address",
+            "http://127.0.0.1:0",
         ],
         capture_output=True,
         text=True,

@@ -1,0 +1,143 @@
+"""TorchServe's management API: register, scale, describe, list, unregister, set-default."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ferry.http.errors import STARLETTE_HANDLERS, guarded
+from ferry.http.params import Params
+from ferry.service import FerryService, RegisterRequest
+from ferry.status import ModelStatus, WorkerStatus
+
+MAX_PARAMS_BODY = 1 << 20
+
+
+def _json(document: Any, status: int = 200) -> Response:
+    return Response(
+        json.dumps(document, indent=2), status_code=status, media_type="application/json"
+    )
+
+
+def _status(message: str, status: int = 200) -> Response:
+    return _json({"status": message}, status)
+
+
+def _timestamp(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    moment = datetime.fromtimestamp(epoch, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
+    return {
+        "id": worker.id,
+        "startTime": _timestamp(worker.start_time),
+        "status": worker.status,
+        "memoryUsage": worker.memory_bytes,
+        "pid": worker.pid,
+        "gpu": worker.gpu,
+        "gpuUsage": "N/A",
+    }
+
+
+def model_json(model: ModelStatus) -> dict[str, Any]:
+    """A describe entry with TorchServe's field names."""
+    return {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.url,
+        "runtime": "python",
+        "minWorkers": model.min_workers,
+        "maxWorkers": model.max_workers,
+        "batchSize": model.batch_size,
+        "maxBatchDelay": round(model.max_batch_delay_ms),
+        "responseTimeout": round(model.response_timeout),
+        "loadedAtStartup": model.loaded_at_startup,
+        "workers": [_worker_json(worker) for worker in model.workers],
+        "jobQueueStatus": {
+            "remainingCapacity": model.queue_capacity - model.pending_requests,
+            "pendingRequests": model.pending_requests,
+        },
+    }
+
+
+def management_app(service: FerryService) -> Starlette:
+    async def list_or_register(request: Request) -> Response:
+        params = await Params.read(request, MAX_PARAMS_BODY)
+        if request.method == "GET":
+            limit = params.integer("limit")
+            page = service.list_models(
+                100 if limit is None else limit, params.integer("next_page_token") or 0
+            )
+            document: dict[str, Any] = {
+                "models": [{"modelName": name, "modelUrl": url} for name, url in page.models]
+            }
+            if page.next_page_token is not None:
+                document["nextPageToken"] = page.next_page_token
+            return _json(document)
+        return await register(params)
+
+    async def register(params: Params) -> Response:
+        registration = RegisterRequest(
+            url=params.text("url", required=True) or "",
+            model_name=params.text("model_name"),
+            handler=params.text("handler"),
+            runtime=params.text("runtime"),
+            batch_size=params.integer("batch_size", minimum=1),
+            max_batch_delay_ms=params.number("max_batch_delay"),
+            initial_workers=params.integer("initial_workers", minimum=0),
+            synchronous=params.flag("synchronous", default=False),
+            response_timeout=params.number("response_timeout", minimum=1),
+            startup_timeout=params.number("startup_timeout", minimum=1),
+        )
+        entry, ready = await service.register(registration)
+        name, version = entry.archive.name, entry.archive.version
+        workers = len(entry.runner.slots)
+        if not ready:
+            return _status("Processing worker updates...", 202)
+        message = f'Model "{name}" Version: {version} registered with {workers} initial workers'
+        if workers == 0:
+            message += ". Use scale workers API to add workers for the model."
+        return _status(message)
+
+    async def one_model(request: Request) -> Response:
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        params = await Params.read(request, MAX_PARAMS_BODY)
+        if request.method == "GET":
+            return _json([model_json(status) for status in service.describe(name, version)])
+        if request.method == "DELETE":
+            await service.unregister(name, version)
+            return _status(f'Model "{name}" unregistered')
+        min_worker = params.integer("min_worker", minimum=0)
+        min_worker = 1 if min_worker is None else min_worker
+        max_worker = params.integer("max_worker", minimum=0)
+        synchronous = params.flag("synchronous", default=False)
+        entry = await service.scale(
+            name, version, min_worker, min_worker if max_worker is None else max_worker, synchronous
+        )
+        if not synchronous:
+            return _status("Processing worker updates...", 202)
+        suffix = f", version: {version}" if version else ""
+        return _status(f"Workers scaled to {len(entry.runner.slots)} for model: {name}{suffix}")
+
+    async def set_default(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params["version"]
+        service.set_default(name, version)
+        return _status(f'Default version successfully updated for model "{name}" to "{version}"')
+
+    routes = [
+        Route("/models", guarded(list_or_register), methods=["GET", "POST"]),
+        Route("/models/{name}", guarded(one_model), methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}", guarded(one_model), methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}/set-default", guarded(set_default), methods=["PUT"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=STARLETTE_HANDLERS)

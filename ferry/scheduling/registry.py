@@ -1,0 +1,81 @@
+"""Which model versions exist, which is each model's default, and lookups by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ferry.errors import InvalidRequest, ModelAlreadyExists, ModelNotFound
+from ferry.scheduling.model_runner import ModelRunner
+from ferry.store.archive import ModelArchive
+
+
+@dataclass
+class ModelVersion:
+    archive: ModelArchive
+    runner: ModelRunner
+    loaded_at_startup: bool
+
+
+@dataclass
+class RegisteredModel:
+    versions: dict[str, ModelVersion] = field(default_factory=dict)
+    default_version: str = ""
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self._models: dict[str, RegisteredModel] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [v for model in self._models.values() for v in model.versions.values()]
+
+    def add(self, version: ModelVersion) -> None:
+        """Register a version; the first version of a model becomes its default."""
+        archive = version.archive
+        model = self._models.setdefault(archive.name, RegisteredModel())
+        if archive.version in model.versions:
+            raise ModelAlreadyExists(
+                f"Model version {archive.version} is already registered for model {archive.name}"
+            )
+        model.versions[archive.version] = version
+        model.default_version = model.default_version or archive.version
+
+    def remove(self, name: str, version: str | None) -> ModelVersion:
+        """Unregister a version (the default when None); the default can go only if alone."""
+        model = self._model(name)
+        entry = self.get(name, version)
+        key = entry.archive.version
+        if key == model.default_version and len(model.versions) > 1:
+            raise InvalidRequest(
+                f"cannot unregister the default version {key} of model {name} while other "
+                "versions exist; set another default first"
+            )
+        del model.versions[key]
+        if not model.versions:
+            del self._models[name]
+        return entry
+
+    def set_default(self, name: str, version: str) -> None:
+        self._model(name).default_version = self.get(name, version).archive.version
+
+    def default_version(self, name: str) -> str:
+        return self._model(name).default_version
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        model = self._model(name)
+        entry = model.versions.get(version or model.default_version)
+        if entry is None:
+            raise ModelNotFound(f"Model version not found: {name} version {version}")
+        return entry
+
+    def versions_of(self, name: str) -> list[ModelVersion]:
+        return list(self._model(name).versions.values())
+
+    def _model(self, name: str) -> RegisteredModel:
+        model = self._models.get(name)
+        if model is None:
+            raise ModelNotFound(f"Model not found: {name}")
+        return model
