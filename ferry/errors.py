@@ -5,6 +5,7 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     FerryError
     ├── ModelNotFound          unknown model or version
     ├── RequestTooLarge        body over max_request_size
+    ├── ResponseTooLarge       a handler's answer over max_response_size
     ├── InvalidInput           the request cannot be decoded (bad image, bad JSON)
     ├── Overloaded             the model's queue is full
     ├── NoWorkerAvailable      the model has no worker that could take the request
@@ -36,6 +37,10 @@ class ModelNotFound(FerryError):
 
 
 class RequestTooLarge(FerryError):
+    pass
+
+
+class ResponseTooLarge(FerryError):
     pass
 
 

@@ -13,9 +13,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ferry.config.model_config import apply_overrides
 from ferry.config.settings import ServerSettings, available_cores, default_workers_per_model
 from ferry.config.settings import threads_per_worker as split_threads
-from ferry.errors import ConfigError, InvalidRequest, ModelApiDisabled, ModelLoadFailed
+from ferry.errors import (
+    ConfigError,
+    InvalidRequest,
+    ModelApiDisabled,
+    ModelLoadFailed,
+    ResponseTooLarge,
+)
 from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
@@ -64,7 +71,9 @@ class FerryService:
         self.settings = settings
         self.registry = ModelRegistry()
         self._work_dir = tempfile.TemporaryDirectory(prefix="ferry-models-")
-        self._gpus = _visible_gpus()
+        visible = _visible_gpus()
+        limit = settings.number_of_gpu
+        self._gpus = visible if limit is None else min(visible, limit)
 
     # --- data plane ----------------------------------------------------------------------
 
@@ -78,7 +87,13 @@ class FerryService:
         loop = asyncio.get_running_loop()
         job = Job(RequestItem(next_request_id(), headers, parts), loop.create_future())
         runner.submit(job)
-        return await job.future
+        answer = await job.future
+        if len(answer.body) > self.settings.max_response_size:
+            raise ResponseTooLarge(
+                f"response of {len(answer.body)} bytes exceeds max_response_size "
+                f"{self.settings.max_response_size}"
+            )
+        return answer
 
     def is_healthy(self) -> bool:
         """True when every model version has its minimum workers ready."""
@@ -142,12 +157,15 @@ class FerryService:
             return
         if store is None:
             raise ConfigError("--models needs --model-store")
-        work_dir = Path(self._work_dir.name)
         archives = [
-            open_model(store, relative, work_dir, name)
-            for name, relative in resolve_model_entries(store, entries)
+            self._open_startup_model(store, name, relative)
+            for name, relative in self._startup_entries(store, entries)
         ]
         started = [self._start(archive, at_startup=True) for archive in archives]
+        for archive in archives:
+            versions = self.settings.model_overrides.get(archive.name, {})
+            if versions.get(archive.version, {}).get("defaultVersion") is True:
+                self.registry.set_default(archive.name, archive.version)
         await asyncio.gather(*(entry.runner.wait_started() for entry in started))
         for entry in started:
             runner = entry.runner
@@ -162,6 +180,30 @@ class FerryService:
                 runner.settings.max_batch_delay * 1000,
                 runner.settings.torch_threads,
             )
+
+    def _startup_entries(
+        self, store: Path, entries: tuple[str, ...]
+    ) -> list[tuple[str | None, str]]:
+        """``load_models`` entries; a bare model name from the ``models`` JSON loads each
+        of its versions from their ``marName`` (TorchServe's config.properties rules)."""
+        resolved: list[tuple[str | None, str]] = []
+        for name, relative in resolve_model_entries(store, entries):
+            versions = self.settings.model_overrides.get(relative) if name is None else None
+            if versions and not (store / relative).exists():
+                for version in versions.values():
+                    resolved.append((relative, str(version.get("marName", f"{relative}.mar"))))
+            else:
+                resolved.append((name, relative))
+        return resolved
+
+    def _open_startup_model(self, store: Path, name: str | None, relative: str) -> ModelArchive:
+        archive = open_model(store, relative, Path(self._work_dir.name), name)
+        overrides = self.settings.model_overrides.get(archive.name, {}).get(archive.version)
+        if overrides:
+            source = f"models[{archive.name}][{archive.version}]"
+            config = apply_overrides(archive.config, overrides, source=source)
+            archive = dataclasses.replace(archive, config=config)
+        return archive
 
     # --- management ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import sys
 
 from ferry import __version__
 from ferry.cli import archive, serve
+from ferry.logs import PLAIN_FORMAT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,10 +22,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level="INFO", format=PLAIN_FORMAT, stream=sys.stderr)
     result: int = args.run(args)
     return result

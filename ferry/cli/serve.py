@@ -1,51 +1,50 @@
-"""``ferry serve``: TorchServe's start-up flags, Ferry's settings."""
+"""``ferry serve``: TorchServe's start-up flags and config.properties, Ferry's settings.
+
+Every settings flag comes from ``ferry.config.sources.OPTIONS``; see that module for the
+precedence between flags, environment variables and the config file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ferry.config.settings import Address, ServerSettings
+from ferry.config.settings import ServerSettings
+from ferry.config.sources import OPTIONS, load_settings
 from ferry.errors import ConfigError
 
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("serve", help="start the model server")
-    parser.add_argument("--model-store", type=Path, help="folder holding model archives")
-    parser.add_argument(
-        "--models", nargs="+", default=[], help="'all', or NAME=ARCHIVE entries to load at start-up"
+    parser = commands.add_parser(
+        "serve",
+        help="start the model server",
+        description="Start Ferry. Flags override FERRY_* environment variables, which "
+        "override the config file.",
     )
-    parser.add_argument(
-        "--inference-address",
-        default="http://127.0.0.1:8080",
-        help="listen address of the inference API (port 0: any free port)",
-    )
-    parser.add_argument(
-        "--management-address",
-        default="http://127.0.0.1:8081",
-        help="listen address of the management API (port 0: any free port)",
-    )
-    parser.add_argument(
-        "--enable-model-api",
-        action="store_true",
-        help="allow registering and unregistering models through the management API",
-    )
-    parser.add_argument(
-        "--allowed-urls",
-        default="",
-        help="comma-separated regular expressions remote archive URLs must match (default: none)",
-    )
-    parser.add_argument("--workers", type=int, default=0, help="workers per model (0: derive)")
-    parser.add_argument("--job-queue-size", type=int, default=100)
-    parser.add_argument("--max-request-size", type=int, default=6_553_500)
-    parser.add_argument("--default-response-timeout", type=float, default=120.0)
-    parser.add_argument("--ready-file", type=Path, help="write bound addresses here when ready")
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
+    parser.add_argument("--ts-config", "--config", type=Path, help="config.properties to read")
+    for option in OPTIONS:
+        help_text = f"config.properties: {option.key}; environment: FERRY_{option.key.upper()}"
+        if option.switch:
+            parser.add_argument(
+                option.flag_name,
+                dest=option.key,
+                action="store_const",
+                const="true",
+                help=help_text,
+            )
+        elif option.key == "load_models":
+            parser.add_argument(
+                option.flag_name,
+                dest=option.key,
+                nargs="+",
+                help="'all', or NAME=ARCHIVE entries to load at start-up; " + help_text,
+            )
+        else:
+            parser.add_argument(option.flag_name, dest=option.key, help=help_text)
     # TorchServe flags accepted for drop-in scripts: Ferry always runs in the foreground
     # and keeps no config snapshots.
     parser.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
@@ -55,24 +54,17 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def flags_from_args(args: argparse.Namespace) -> dict[str, str]:
+    flags = {}
+    for option in OPTIONS:
+        value = getattr(args, option.key)
+        if value is not None:
+            flags[option.key] = ",".join(value) if isinstance(value, list) else value
+    return flags
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    for key in ("workers", "job_queue_size", "max_request_size"):
-        if getattr(args, key) < (0 if key == "workers" else 1):
-            raise ConfigError(f"--{key.replace('_', '-')} must be positive")
-    return ServerSettings(
-        model_store=args.model_store,
-        models=tuple(args.models),
-        inference_address=Address.parse(args.inference_address, key="--inference-address"),
-        management_address=Address.parse(args.management_address, key="--management-address"),
-        enable_model_api=args.enable_model_api,
-        allowed_urls=tuple(url for url in args.allowed_urls.split(",") if url),
-        default_workers_per_model=args.workers,
-        job_queue_size=args.job_queue_size,
-        max_request_size=args.max_request_size,
-        default_response_timeout=args.default_response_timeout,
-        ready_file=args.ready_file,
-        log_level=args.log_level,
-    )
+    return load_settings(flags_from_args(args), os.environ, args.ts_config)
 
 
 def _run_loop(coroutine: Any) -> int:
@@ -85,12 +77,14 @@ def _run_loop(coroutine: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ferry.http.server import run_server
+    from ferry.logs import configure_logging
 
     try:
         settings = settings_from_args(args)
     except ConfigError as error:
         print(f"ferry serve: {error.message}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_format, settings.log_level)
     if settings.model_store is not None and not settings.model_store.is_dir():
         print(f"ferry serve: model store {settings.model_store} is not a folder", file=sys.stderr)
         return 2

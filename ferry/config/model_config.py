@@ -83,3 +83,10 @@ def _coerce(attr: str, value: Any, *, source: str) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: invalid value {value!r} ({exc})") from exc
     raise AssertionError(attr)
+
+
+def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: str) -> ModelConfig:
+    """config.properties' per-version settings win over the archive's model-config.yaml."""
+    known = {key: value for key, value in overrides.items() if key in _KNOWN_KEYS}
+    parsed = parse_model_config(known, source=source)
+    return config.merged(**{attr: getattr(parsed, attr) for attr in _KNOWN_KEYS.values()})

@@ -1,7 +1,7 @@
 """Server settings: the single source of truth for how Ferry runs.
 
-Command-line flags fill this model (later issues add environment variables and
-``config.properties`` as further sources); nothing reads the environment at import time.
+``ferry.config.sources`` fills this model from flags, environment variables and
+``config.properties``; nothing reads the environment at import time.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ferry.errors import ConfigError
@@ -20,63 +21,85 @@ class Address:
 
     host: str
     port: int
+    scheme: str = "http"
 
     @classmethod
     def parse(cls, text: str, *, key: str) -> Address:
-        """Accept TorchServe's ``http://host:port`` or a bare ``host:port``."""
+        """Accept TorchServe's ``http(s)://host:port`` or a bare ``host:port``."""
         url = urlsplit(text if "://" in text else f"http://{text}")
-        if url.scheme != "http":
-            raise ConfigError(f"{key}: only http:// addresses are supported, got {text!r}")
-        if url.hostname is None or url.port is None:
+        if url.scheme not in ("http", "https"):
+            raise ConfigError(f"{key}: expected http:// or https://, got {text!r}")
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        if url.hostname is None or port is None:
             raise ConfigError(f"{key}: expected http://HOST:PORT, got {text!r}")
-        return cls(url.hostname, url.port)
+        return cls(url.hostname, port, url.scheme)
 
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in ("localhost", "::1") or self.host.startswith("127.")
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Everything the server needs to start."""
-
-    model_store: Path | None = None
-    """Folder holding model archives (``--model-store``)."""
-
-    models: tuple[str, ...] = ()
-    """Models to load at start-up: ``all`` or ``NAME=FILE`` entries (``--models``)."""
+    """Everything the server needs to start. Each field's config.properties key, flag and
+    environment variable are listed in ``ferry.config.sources.OPTIONS``."""
 
     inference_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8080))
     """Inference API listener; loopback unless told otherwise."""
-
     management_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8081))
     """Management API listener; loopback unless told otherwise."""
+    metrics_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8082))
+    """Prometheus metrics listener; loopback unless told otherwise."""
+    certificate_file: Path | None = None
+    """TLS certificate (PEM) for https:// addresses."""
+    private_key_file: Path | None = None
+    """TLS private key (PEM) for https:// addresses."""
 
-    enable_model_api: bool = False
-    """Allow registering and unregistering models through the management API."""
-
-    allowed_urls: tuple[str, ...] = ()
-    """Regular expressions a remote archive URL must match in full; none by default."""
+    model_store: Path | None = None
+    """Folder holding model archives."""
+    models: tuple[str, ...] = ()
+    """Models to load at start-up: ``all`` or ``NAME=FILE`` entries (TorchServe's load_models)."""
+    model_overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """TorchServe's ``models`` JSON: per model and version, minWorkers, batchSize, marName, ..."""
 
     default_workers_per_model: int = 0
-    """Workers per model when the model does not say; 0 derives it from the cores."""
-
+    """Workers per model when the model does not say; 0 derives it from the devices."""
     job_queue_size: int = 100
     """Requests a model version may hold waiting; beyond it requests get 503 at once."""
-
     max_request_size: int = 6_553_500
     """Largest request body accepted, in bytes (413 beyond)."""
-
+    max_response_size: int = 6_553_500
+    """Largest response body a handler may return, in bytes (500 beyond)."""
     default_response_timeout: float = 120.0
     """Seconds a worker may take for one batch before it is killed and replaced."""
-
+    number_of_gpu: int | None = None
+    """Use at most this many GPUs (all visible ones when unset)."""
     default_batch_size: int = 1
     default_max_batch_delay_ms: float = 100.0
 
+    allowed_urls: tuple[str, ...] = ()
+    """Regular expressions a remote archive URL must match in full; none by default."""
+    enable_model_api: bool = False
+    """Allow registering and unregistering models through the management API."""
+    disable_token_authorization: bool = False
+    """Turn token authorization off (it is on for management, and for inference beyond loopback)."""
+    key_file: Path = Path("key_file.json")
+    """Where the API tokens are written, readable by the owner only."""
+    enable_envvars_config: bool = False
+    """Also read TorchServe's ``TS_*`` environment variables."""
+
+    log_format: str = "plain"
+    """``plain`` or ``json`` log lines."""
+    log_level: str = "INFO"
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""
-
-    log_level: str = "INFO"
 
 
 def available_cores() -> int:

@@ -24,6 +24,7 @@ from ferry.errors import (
     Overloaded,
     RequestTooLarge,
     ResponseTimeout,
+    ResponseTooLarge,
     UrlNotAllowed,
     WorkerDied,
 )
@@ -31,6 +32,7 @@ from ferry.errors import (
 ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
     ModelNotFound: (404, "ModelNotFoundException"),
     RequestTooLarge: (413, "RequestEntityTooLargeException"),
+    ResponseTooLarge: (500, "ResponseTooLargeException"),
     InvalidInput: (400, "BadRequestException"),
     Overloaded: (503, "ServiceUnavailableException"),
     NoWorkerAvailable: (503, "ServiceUnavailableException"),

@@ -40,7 +40,7 @@ def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
         f"slow={digest_archive(store, 'slow', batchSize=1, responseTimeout=2)}",
         f"broken={broken_archive(store)}",
     ]
-    extra = ["--job-queue-size", "3", "--max-request-size", "100000"]
+    extra = ["--job-queue-size", "3", "--max-request-size", "100000", "--max-response-size", "5000"]
     with ferry_server(store, models, tmp, *extra) as server:
         yield server
 

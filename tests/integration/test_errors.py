@@ -149,3 +149,11 @@ def test_malformed_multipart_body_is_400(main_server: RunningServer) -> None:
             headers={"content-type": "multipart/form-data; boundary=xyz"},
         )
         _assert_error(response, 400, "BadRequestException")
+
+
+def test_response_over_max_response_size_is_500(strict_server: RunningServer) -> None:
+    with strict_server.client() as client:
+        assert client.post("/predictions/slow", content=b"big:4000").status_code == 200
+        response = client.post("/predictions/slow", content=b"big:6000")
+        message = _assert_error(response, 500, "ResponseTooLargeException")["message"]
+        assert "max_response_size 5000" in str(message)

@@ -49,8 +49,12 @@ def test_addresses() -> None:
     assert Address.parse("http://127.0.0.1:8080", key="k") == Address("127.0.0.1", 8080)
     assert Address.parse("0.0.0.0:0", key="k").port == 0
     assert Address("::1", 80).url() == "http://[::1]:80"
+    assert Address.parse("https://0.0.0.0:8443", key="k").url() == "https://0.0.0.0:8443"
+    assert Address("127.0.0.2", 1).is_loopback and not Address("0.0.0.0", 1).is_loopback
     with pytest.raises(ConfigError, match="k"):
-        Address.parse("https://x:1", key="k")
+        Address.parse("ftp://x:1", key="k")
+    with pytest.raises(ConfigError, match="k"):
+        Address.parse("http://x:notaport", key="k")
     with pytest.raises(ConfigError):
         Address.parse("http://nohost", key="k")
 

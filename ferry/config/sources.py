@@ -1,0 +1,239 @@
+"""Fill ``ServerSettings`` from its sources, in this order of precedence (highest first):
+
+1. command-line flags (``--inference-address``, TorchServe's ``--models`` ...);
+2. ``FERRY_<KEY>`` environment variables (``FERRY_JOB_QUEUE_SIZE=200``);
+3. TorchServe's ``TS_<KEY>`` environment variables, only when ``enable_envvars_config`` is true;
+4. the config file, TorchServe's ``config.properties`` (``--ts-config FILE``);
+5. the defaults in ``ServerSettings``.
+
+Every option is listed once, in ``OPTIONS``: its config.properties key names its flag and
+environment variables. Unknown keys warn; invalid values stop start-up naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ferry.config.settings import Address, ServerSettings
+from ferry.errors import ConfigError
+
+log = logging.getLogger("ferry.config")
+
+Parser = Callable[[str, str], Any]
+
+
+def _integer(minimum: int) -> Parser:
+    def parse(key: str, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{key}: must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{key}: must be positive, got {text}")
+    return value
+
+
+def _boolean(key: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ConfigError(f"{key}: expected true or false, got {text!r}")
+    return lowered == "true"
+
+
+def _address(key: str, text: str) -> Address:
+    return Address.parse(text.strip(), key=key)
+
+
+def _path(key: str, text: str) -> Path:
+    return Path(text.strip()).expanduser()
+
+
+def _list(key: str, text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(key: str, text: str) -> str:
+        value = text.strip()
+        matches = [c for c in choices if c.lower() == value.lower()]
+        if not matches:
+            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {text!r}")
+        return matches[0]
+
+    return parse
+
+
+def _models_json(key: str, text: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """TorchServe's ``models={"name": {"1.0": {"minWorkers": 1, ...}}}``."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: invalid JSON: {exc}") from None
+    valid = isinstance(document, dict) and all(
+        isinstance(versions, dict) and all(isinstance(v, dict) for v in versions.values())
+        for versions in document.values()
+    )
+    if not valid:
+        raise ConfigError(f'{key}: expected {{"model": {{"version": {{...settings}}}}}}')
+    return document  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    """config.properties key; the flag is ``--key-with-dashes`` unless ``flag`` says otherwise."""
+    field: str
+    parse: Parser
+    flag: str | None = None
+    switch: bool = False
+    """A flag without a value that sets the option to true."""
+
+    @property
+    def flag_name(self) -> str:
+        return self.flag or "--" + self.key.replace("_", "-")
+
+
+OPTIONS = (
+    Option("inference_address", "inference_address", _address),
+    Option("management_address", "management_address", _address),
+    Option("metrics_address", "metrics_address", _address),
+    Option("certificate_file", "certificate_file", _path),
+    Option("private_key_file", "private_key_file", _path),
+    Option("model_store", "model_store", _path),
+    Option("load_models", "models", _list, flag="--models"),
+    Option("models", "model_overrides", _models_json, flag="--models-config"),
+    Option("default_workers_per_model", "default_workers_per_model", _integer(0)),
+    Option("job_queue_size", "job_queue_size", _integer(1)),
+    Option("max_request_size", "max_request_size", _integer(1)),
+    Option("max_response_size", "max_response_size", _integer(1)),
+    Option("default_response_timeout", "default_response_timeout", _seconds),
+    Option("number_of_gpu", "number_of_gpu", _integer(0)),
+    Option("allowed_urls", "allowed_urls", _list),
+    Option("enable_model_api", "enable_model_api", _boolean, switch=True),
+    Option(
+        "disable_token_authorization",
+        "disable_token_authorization",
+        _boolean,
+        flag="--disable-token-auth",
+        switch=True,
+    ),
+    Option("key_file", "key_file", _path),
+    Option("enable_envvars_config", "enable_envvars_config", _boolean, switch=True),
+    Option("log_format", "log_format", _choice("plain", "json")),
+    Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
+    Option("ready_file", "ready_file", _path),
+)
+OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
+
+# TorchServe keys Ferry accepts without using them (the JVM, Netty, snapshots, workflows ...).
+IGNORED_TORCHSERVE_KEYS = frozenset(
+    {
+        "vmargs",
+        "number_of_netty_threads",
+        "netty_client_threads",
+        "async_logging",
+        "default_service_handler",
+        "decode_input_request",
+        "snapshot_store",
+        "workflow_store",
+        "install_py_dep_per_model",
+        "cors_allowed_origin",
+        "cors_allowed_methods",
+        "cors_allowed_headers",
+        "unregister_model_timeout",
+        "model_server_home",
+        "enable_metrics_api",
+        "metrics_mode",
+        "metrics_config",
+        "grpc_inference_port",
+        "grpc_management_port",
+        "enable_grpc_ssl",
+        "use_native_io",
+        "io_ratio",
+        "limit_max_image_pixels",
+        "model_snapshot",
+        "tsConfigFile",
+        "initial_worker_port",
+        "max_request_size_bytes",
+        "disable_system_metrics",
+        "workflow_store_path",
+    }
+)
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Java .properties: ``key=value`` or ``key: value``, ``#``/``!`` comments, ``\\``
+    continuations (the ``models`` JSON usually spans lines)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    values: dict[str, str] = {}
+    pending = ""
+    for raw in lines:
+        line = raw.strip()
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending += line[:-1]
+            continue
+        line, pending = pending + line, ""
+        separator = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if separator < 0:
+            raise ConfigError(f"{path.name}: cannot parse line {raw!r}")
+        values[line[:separator].strip()] = line[separator + 1 :].strip()
+    return values
+
+
+def _warn_unknown(keys: list[str], source: str) -> None:
+    for key in keys:
+        if key in IGNORED_TORCHSERVE_KEYS:
+            log.warning("%s: %s is a TorchServe setting Ferry does not use; ignored", source, key)
+        elif key not in OPTIONS_BY_KEY:
+            log.warning("%s: unknown setting %s; ignored", source, key)
+
+
+def _from_environment(environ: Mapping[str, str], prefix: str) -> dict[str, str]:
+    return {
+        option.key: environ[prefix + option.key.upper()]
+        for option in OPTIONS
+        if prefix + option.key.upper() in environ
+    }
+
+
+def load_settings(
+    flags: Mapping[str, str], environ: Mapping[str, str], config_file: Path | None
+) -> ServerSettings:
+    """Merge the sources (see the module docstring) and parse every value once."""
+    from_file = read_properties(config_file) if config_file is not None else {}
+    _warn_unknown(list(from_file), config_file.name if config_file else "config")
+    merged: dict[str, str] = dict(from_file)
+    ferry_env = _from_environment(environ, "FERRY_")
+    envvars_enabled = {**from_file, **ferry_env, **flags}.get("enable_envvars_config", "false")
+    if _boolean("enable_envvars_config", envvars_enabled):
+        merged.update(_from_environment(environ, "TS_"))
+    merged.update(ferry_env)
+    merged.update(flags)
+    values = {
+        OPTIONS_BY_KEY[key].field: OPTIONS_BY_KEY[key].parse(key, text)
+        for key, text in merged.items()
+        if key in OPTIONS_BY_KEY
+    }
+    return ServerSettings(**values)

@@ -1,0 +1,115 @@
+"""Settings sources: config.properties, FERRY_* / TS_* environment variables, flags."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from ferry.config.settings import Address
+from ferry.config.sources import load_settings, read_properties
+from ferry.errors import ConfigError
+
+PROPERTIES = r"""
+# TorchServe-style config
+inference_address=http://0.0.0.0:9080
+management_address: http://127.0.0.1:9081
+job_queue_size = 50
+load_models=noop
+allowed_urls=https://models\.example\.com/.*\.mar,file:///tmp/.*
+models={\
+  "noop": {\
+    "1.0": {"defaultVersion": true, "marName": "noop.mar", "minWorkers": 2, "batchSize": 4},\
+    "2.0": {"marName": "noop_v2.mar", "maxBatchDelay": 50}\
+  }\
+}
+! another comment
+enable_model_api=true
+"""
+
+
+def _properties(tmp_path: Path, text: str = PROPERTIES) -> Path:
+    path = tmp_path / "config.properties"
+    path.write_text(text)
+    return path
+
+
+def test_properties_with_comments_separators_and_continuations(tmp_path: Path) -> None:
+    values = read_properties(_properties(tmp_path))
+    assert values["management_address"] == "http://127.0.0.1:9081"
+    assert values["job_queue_size"] == "50"
+    assert values["models"].startswith('{"noop": {"1.0"')
+    assert "another comment" not in str(values)
+
+
+def test_config_file_fills_settings(tmp_path: Path) -> None:
+    settings = load_settings({}, {}, _properties(tmp_path))
+    assert settings.inference_address == Address("0.0.0.0", 9080)
+    assert settings.job_queue_size == 50 and settings.enable_model_api is True
+    assert settings.models == ("noop",)
+    assert settings.allowed_urls == (r"https://models\.example\.com/.*\.mar", "file:///tmp/.*")
+    noop = settings.model_overrides["noop"]
+    assert noop["1.0"]["minWorkers"] == 2 and noop["2.0"]["marName"] == "noop_v2.mar"
+
+
+def test_precedence_flags_over_ferry_env_over_ts_env_over_file(tmp_path: Path) -> None:
+    config = _properties(
+        tmp_path,
+        "job_queue_size=10\nmax_request_size=10\ndefault_response_timeout=10\nnumber_of_gpu=3\n",
+    )
+    env = {
+        "FERRY_JOB_QUEUE_SIZE": "20",
+        "FERRY_MAX_REQUEST_SIZE": "20",
+        "TS_JOB_QUEUE_SIZE": "30",
+        "TS_DEFAULT_RESPONSE_TIMEOUT": "30",
+    }
+    settings = load_settings({"job_queue_size": "40"}, env, config)
+    assert settings.job_queue_size == 40  # flag
+    assert settings.max_request_size == 20  # FERRY_ env
+    assert settings.default_response_timeout == 10  # TS_ ignored unless enabled
+    assert settings.number_of_gpu == 3  # file
+    enabled = load_settings({}, {**env, "FERRY_ENABLE_ENVVARS_CONFIG": "true"}, config)
+    assert enabled.default_response_timeout == 30 and enabled.job_queue_size == 20
+
+
+def test_defaults_are_safe() -> None:
+    settings = load_settings({}, {}, None)
+    assert settings.inference_address == Address("127.0.0.1", 8080)
+    assert settings.management_address == Address("127.0.0.1", 8081)
+    assert settings.metrics_address == Address("127.0.0.1", 8082)
+    assert settings.enable_model_api is False and settings.allowed_urls == ()
+    assert settings.disable_token_authorization is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("job_queue_size", "0"),
+        ("job_queue_size", "many"),
+        ("enable_model_api", "yes"),
+        ("inference_address", "ftp://x:1"),
+        ("models", "{not json"),
+        ("models", '{"a": 1}'),
+        ("log_format", "xml"),
+        ("default_response_timeout", "-1"),
+    ],
+)
+def test_invalid_values_name_the_key(tmp_path: Path, key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_settings({}, {}, _properties(tmp_path, f"{key}={value}\n"))
+
+
+def test_unknown_and_unused_keys_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="ferry.config"):
+        load_settings({}, {}, _properties(tmp_path, "vmargs=-Xmx4g\nfrobnicate=1\n"))
+    messages = " ".join(record.getMessage() for record in caplog.records)
+    assert "vmargs is a TorchServe setting Ferry does not use" in messages
+    assert "unknown setting frobnicate" in messages
+
+
+def test_unparsable_line_and_missing_file_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot parse"):
+        read_properties(_properties(tmp_path, "just words\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_properties(tmp_path / "absent.properties")
