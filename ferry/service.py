@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ferry.errors import (
     ModelLoadFailed,
     ResponseTooLarge,
 )
+from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
@@ -70,6 +72,7 @@ class FerryService:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.registry = ModelRegistry()
+        self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._work_dir = tempfile.TemporaryDirectory(prefix="ferry-models-")
         visible = _visible_gpus()
         limit = settings.number_of_gpu
@@ -87,7 +90,10 @@ class FerryService:
         loop = asyncio.get_running_loop()
         job = Job(RequestItem(next_request_id(), headers, parts), loop.create_future())
         runner.submit(job)
-        answer = await job.future
+        try:
+            answer = await job.future
+        finally:
+            runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
         if len(answer.body) > self.settings.max_response_size:
             raise ResponseTooLarge(
                 f"response of {len(answer.body)} bytes exceeds max_response_size "
@@ -144,9 +150,9 @@ class FerryService:
             torch_threads=runner_settings.torch_threads,
             worker_id="w0",
         )
-        entry = ModelVersion(
-            archive, ModelRunner(archive.name, archive.version, spec, runner_settings), at_startup
-        )
+        metrics = self.metrics.for_model(archive.name, archive.version)
+        runner = ModelRunner(archive.name, archive.version, spec, runner_settings, metrics)
+        entry = ModelVersion(archive, runner, at_startup)
         self.registry.add(entry)
         entry.runner.start()
         return entry
@@ -262,6 +268,7 @@ class FerryService:
         self._require_model_api()
         entry = self.registry.remove(name, version)
         await entry.runner.stop()
+        self.metrics.forget_model(entry.archive.name, entry.archive.version)
         return entry
 
     async def scale(
@@ -295,6 +302,21 @@ class FerryService:
         token = str(end) if page and end < len(names) else None
         models = [(name, self.registry.get(name).archive.source) for name in page]
         return ModelPage(models, token)
+
+    def metrics_exposition(self) -> str:
+        """Prometheus text, with the gauges read now."""
+        workers = []
+        for entry in self.registry.all_versions():
+            runner = entry.runner
+            states: dict[str, int] = {}
+            for slot in runner.slots:
+                states[slot.state] = states.get(slot.state, 0) + 1
+                if slot.worker is not None:
+                    label = f"{runner.name}/{runner.version}/w{slot.index}"
+                    workers.append((label, slot.worker.pid))
+            runner.metrics.set_queue_and_workers(len(runner.queue), states)
+        self.metrics.record_processes(workers)
+        return self.metrics.exposition()
 
     async def close(self) -> None:
         await asyncio.gather(*(entry.runner.stop() for entry in self.registry.all_versions()))

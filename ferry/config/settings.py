@@ -84,6 +84,9 @@ class ServerSettings:
     default_batch_size: int = 1
     default_max_batch_delay_ms: float = 100.0
 
+    enable_metrics_api: bool = True
+    """Collect metrics and serve them on ``metrics_address``."""
+
     allowed_urls: tuple[str, ...] = ()
     """Regular expressions a remote archive URL must match in full; none by default."""
     enable_model_api: bool = False

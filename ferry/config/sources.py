@@ -126,6 +126,7 @@ OPTIONS = (
     Option("default_response_timeout", "default_response_timeout", _seconds),
     Option("number_of_gpu", "number_of_gpu", _integer(0)),
     Option("allowed_urls", "allowed_urls", _list),
+    Option("enable_metrics_api", "enable_metrics_api", _boolean),
     Option("enable_model_api", "enable_model_api", _boolean, switch=True),
     Option(
         "disable_token_authorization",

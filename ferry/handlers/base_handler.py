@@ -70,6 +70,17 @@ class BaseHandler:
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         self.context = context
         start = time.perf_counter()
-        result = self.postprocess(self.inference(self.preprocess(data)))
+        batch = timed_stage(context, "preprocess", self.preprocess, data)
+        output = timed_stage(context, "inference", self.inference, batch)
+        result: list[Any] = timed_stage(context, "postprocess", self.postprocess, output)
         context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
         return result
+
+
+def timed_stage(context: Context, stage: str, function: Any, argument: Any) -> Any:
+    """Run one handler stage and add its time to ``context.stage_ms``."""
+    start = time.perf_counter()
+    try:
+        return function(argument)
+    finally:
+        context.add_stage_time(stage, (time.perf_counter() - start) * 1000)

@@ -69,6 +69,8 @@ class Context:
             "limit_max_image_pixels": limit_max_image_pixels,
         }
         self.request_ids: dict[int, str] = {}
+        self.stage_ms: dict[str, float] = {}
+        """Time per handler stage in the current batch (preprocess, inference, postprocess)."""
         self.request_processor: list[RequestProcessor] = []
         self.metrics = metrics if metrics is not None else HandlerMetrics()
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
@@ -80,7 +82,11 @@ class Context:
     def start_batch(self, request_ids: list[str], headers: list[dict[str, str]]) -> None:
         """Reset per-request state for the next batch (called by the worker)."""
         self.request_ids = dict(enumerate(request_ids))
+        self.stage_ms = {}
         self.request_processor = [RequestProcessor(h) for h in headers]
+
+    def add_stage_time(self, stage: str, ms: float) -> None:
+        self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + ms
 
     def get_request_id(self, idx: int = 0) -> str | None:
         return self.request_ids.get(idx)

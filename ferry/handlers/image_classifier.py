@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ferry.errors import InvalidInput
-from ferry.handlers.base_handler import BaseHandler
+from ferry.handlers.base_handler import BaseHandler, timed_stage
 from ferry.handlers.context import Context
 from ferry.handlers.vision import ImageTransform, image_bytes
 
@@ -63,8 +63,11 @@ class VisionHandler(BaseHandler):
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         self.context = context
         start = time.perf_counter()
-        batch = self.preprocess(data)
-        answers = iter(self.postprocess(self.inference(batch)) if batch is not None else [])
+        batch = timed_stage(context, "preprocess", self.preprocess, data)
+        answers: Any = iter([])
+        if batch is not None:
+            output = timed_stage(context, "inference", self.inference, batch)
+            answers = iter(timed_stage(context, "postprocess", self.postprocess, output))
         results = [self.failures.get(i) or next(answers) for i in range(len(data))]
         context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
         return results

@@ -18,6 +18,7 @@ from ferry.config.settings import Address, ServerSettings
 from ferry.errors import FerryError
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
+from ferry.http.metrics import counted, metrics_app
 from ferry.service import FerryService
 
 log = logging.getLogger("ferry")
@@ -80,10 +81,18 @@ def _log_models(service: FerryService) -> None:
 async def run_server(settings: ServerSettings) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code."""
     service = FerryService(settings)
-    apps = {
-        "inference": (settings.inference_address, inference_app(service)),
-        "management": (settings.management_address, management_app(service)),
+    apps: dict[str, tuple[Address, Any]] = {
+        "inference": (
+            settings.inference_address,
+            counted(inference_app(service), service, "inference"),
+        ),
+        "management": (
+            settings.management_address,
+            counted(management_app(service), service, "management"),
+        ),
     }
+    if settings.enable_metrics_api:
+        apps["metrics"] = (settings.metrics_address, metrics_app(service))
     sockets = {name: bind(address) for name, (address, _) in apps.items()}
     urls = {name: _bound(sock).url() for name, sock in sockets.items()}
     listeners = [_listener(app) for _, app in apps.values()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from ferry.worker.messages import RequestItem
@@ -30,6 +31,9 @@ class Job:
     item: RequestItem
     future: asyncio.Future[InferenceResponse]
     attempts: int = 0
+    enqueued_at: float = field(default_factory=time.monotonic)
+    queued_seconds: float = 0.0
+    """Arrival to first dispatch to a worker."""
 
     def resolve(self, response: InferenceResponse) -> None:
         if not self.future.done():

@@ -21,6 +21,7 @@ from ferry.errors import (
     ResponseTimeout,
     WorkerDied,
 )
+from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import InferenceResponse, Job
 from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
@@ -92,8 +93,16 @@ def _to_outcome(result: ItemResult, batch_size: int) -> InferenceResponse | Ferr
 class ModelRunner:
     """Serves one model version with ``settings.workers`` worker processes."""
 
-    def __init__(self, name: str, version: str, spec: WorkerSpec, settings: RunnerSettings) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        spec: WorkerSpec,
+        settings: RunnerSettings,
+        metrics: ModelMetrics | None = None,
+    ) -> None:
         self.name = name
+        self.metrics = metrics or FerryMetrics(enabled=False).for_model(name, version)
         self.version = version
         self.spec = spec
         self.settings = settings
@@ -204,6 +213,7 @@ class ModelRunner:
                 if slot.retire.is_set():
                     break
                 slot.restarts += 1
+                self.metrics.worker_restarted()
                 await asyncio.sleep(backoff.next())
         finally:
             if slot.worker is not None:
@@ -272,8 +282,12 @@ class ModelRunner:
     def _dispatch(self, worker: WorkerProcess, jobs: list[Job]) -> tuple[PredictBatch, list[Job]]:
         self._batch_ids += 1
         batch = PredictBatch(self._batch_ids, [job.item for job in jobs])
+        now = time.monotonic()
         for job in jobs:
+            if job.attempts == 0:
+                job.queued_seconds = now - job.enqueued_at
             job.attempts += 1
+        self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
         worker.send(batch)
         return batch, jobs
 
@@ -306,9 +320,10 @@ class ModelRunner:
 
     def _deliver(self, jobs: list[Job], result: BatchResult) -> None:
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
-        for metric in result.metrics:  # exposed on the metrics endpoint once that exists
-            log.debug(
-                "%s: handler metric %s=%g %s", self.name, metric.name, metric.value, metric.unit
+        self.metrics.stages(result.stage_ms)
+        for metric in result.metrics:
+            self.metrics.handler_metric(
+                metric.name, metric.value, metric.unit, metric.kind, metric.dimensions
             )
         by_id = {item.request_id: item for item in result.results}
         for job in jobs:

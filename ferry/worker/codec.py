@@ -43,7 +43,7 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
             for r in message.results
         ]
         metrics = [[m.name, m.value, m.unit, m.kind, m.dimensions] for m in message.metrics]
-        return _RESULT, [message.batch_id, results, message.handler_ms, metrics]
+        return _RESULT, [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
     if isinstance(message, WorkerReady):
         return _READY, [message.pid, message.device]
     return _LOAD_FAILED, [message.message]
@@ -75,12 +75,13 @@ def decode(payload: bytes) -> Message:
                 ],
             )
         if kind == _RESULT:
-            batch_id, results, handler_ms, metrics = fields
+            batch_id, results, handler_ms, metrics, stage_ms = fields
             return BatchResult(
                 batch_id,
                 [ItemResult(*r) for r in results],
                 handler_ms,
                 [HandlerMetricValue(*m) for m in metrics],
+                stage_ms,
             )
         if kind == _READY:
             return WorkerReady(*fields)

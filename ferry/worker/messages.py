@@ -64,6 +64,8 @@ class BatchResult:
     results: list[ItemResult]
     handler_ms: float
     metrics: list[HandlerMetricValue] = field(default_factory=list)
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    """Handler stages timed in the worker; ``handle`` alone for handlers without stages."""
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ class BatchRunner:
             HandlerMetricValue(m.name, m.value, m.unit, m.kind, dict(m.dimensions))
             for m in self.context.metrics.drain()
         ]
-        return BatchResult(batch.batch_id, results, elapsed_ms, metrics)
+        stages = dict(self.context.stage_ms) or {"handle": elapsed_ms}
+        return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages)
 
     def _run_items(self, items: list[RequestItem], *, isolate_on_error: bool) -> list[ItemResult]:
         rows: list[Any] = []

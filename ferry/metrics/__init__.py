@@ -1,0 +1,1 @@
+"""Prometheus metrics: primitives, Ferry's metric definitions, and their collection."""

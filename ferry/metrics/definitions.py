@@ -1,0 +1,242 @@
+"""Every metric Ferry exposes, defined once, and the per-model handles that record them.
+
+TorchServe's three Prometheus metrics keep their names and labels, so existing dashboards
+work; Ferry's own are prefixed ``ferry_``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+
+from ferry.metrics.prometheus import Family, render
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MODEL = ("model_name", "model_version")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc); 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _resident_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * resource.getpagesize()
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class FerryMetrics:
+    def __init__(self, *, enabled: bool = True, hostname: str | None = None) -> None:
+        self.enabled = enabled
+        self.hostname = hostname or socket.gethostname()
+        ts = (*MODEL, "hostname")
+        self.requests_total = Family(
+            "ts_inference_requests_total", "Inference requests received.", "counter", ts
+        )
+        self.inference_latency = Family(
+            "ts_inference_latency_microseconds", "Cumulative inference latency.", "counter", ts
+        )
+        self.queue_latency = Family(
+            "ts_queue_latency_microseconds", "Cumulative time requests spent queued.", "counter", ts
+        )
+        self.request_seconds = Family(
+            "ferry_request_duration_seconds",
+            "End-to-end latency of inference requests.",
+            "histogram",
+            MODEL,
+            LATENCY_BUCKETS,
+        )
+        self.queue_seconds = Family(
+            "ferry_queue_wait_seconds",
+            "Time from arrival to dispatch to a worker.",
+            "histogram",
+            MODEL,
+            LATENCY_BUCKETS,
+        )
+        self.batch_size = Family(
+            "ferry_batch_size",
+            "Requests per batch sent to a worker.",
+            "histogram",
+            MODEL,
+            BATCH_BUCKETS,
+        )
+        self.stage_seconds = Family(
+            "ferry_batch_stage_seconds",
+            "Handler stage time per batch (preprocess, inference, "
+            "postprocess; handle for handlers without stages).",
+            "histogram",
+            (*MODEL, "stage"),
+            LATENCY_BUCKETS,
+        )
+        self.queue_depth = Family(
+            "ferry_queue_depth", "Requests waiting in the model's queue.", "gauge", MODEL
+        )
+        self.workers = Family("ferry_workers", "Workers by state.", "gauge", (*MODEL, "state"))
+        self.worker_restarts = Family(
+            "ferry_worker_restarts_total",
+            "Worker processes replaced after a crash or hang.",
+            "counter",
+            MODEL,
+        )
+        self.responses = Family(
+            "ferry_responses_total",
+            "Responses by API and status class.",
+            "counter",
+            ("api", "status_class"),
+        )
+        self.process_cpu = Family(
+            "ferry_process_cpu_seconds_total",
+            "CPU time of the frontend and each worker.",
+            "counter",
+            ("process",),
+        )
+        self.process_memory = Family(
+            "ferry_process_resident_memory_bytes",
+            "Resident memory of the frontend and each worker.",
+            "gauge",
+            ("process",),
+        )
+        self.handler_metrics: dict[str, Family] = {}
+
+    def families(self) -> list[Family]:
+        return [
+            self.requests_total,
+            self.inference_latency,
+            self.queue_latency,
+            self.request_seconds,
+            self.queue_seconds,
+            self.batch_size,
+            self.stage_seconds,
+            self.queue_depth,
+            self.workers,
+            self.worker_restarts,
+            self.responses,
+            self.process_cpu,
+            self.process_memory,
+            *self.handler_metrics.values(),
+        ]
+
+    def for_model(self, name: str, version: str) -> ModelMetrics:
+        return ModelMetrics(self, name, version)
+
+    def forget_model(self, name: str, version: str) -> None:
+        for family in self.families():
+            if family.label_names[:2] == MODEL:
+                family.remove_matching((name, version))
+
+    def record_response(self, api: str, status: int) -> None:
+        if self.enabled:
+            self.responses.counter(api, f"{status // 100}xx").inc()
+
+    def record_processes(self, worker_pids: Iterable[tuple[str, int]]) -> None:
+        """Refresh CPU and memory gauges at scrape time."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.process_cpu.remove_matching(())
+        self.process_memory.remove_matching(())
+        self.process_cpu.counter("frontend").value = usage.ru_utime + usage.ru_stime
+        self.process_memory.gauge("frontend").set(_resident_bytes(os.getpid()))
+        for label, pid in worker_pids:
+            self.process_cpu.counter(label).value = _cpu_seconds(pid)
+            self.process_memory.gauge(label).set(_resident_bytes(pid))
+
+    def exposition(self) -> str:
+        return render(self.families())
+
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+
+
+class ModelMetrics:
+    """The metrics of one model version, labelled once."""
+
+    def __init__(self, metrics: FerryMetrics, name: str, version: str) -> None:
+        self.metrics = metrics
+        self.enabled = metrics.enabled
+        self.labels = (name, version)
+        ts_labels = (name, version, metrics.hostname)
+        self._requests = metrics.requests_total.counter(*ts_labels)
+        self._latency_us = metrics.inference_latency.counter(*ts_labels)
+        self._queue_us = metrics.queue_latency.counter(*ts_labels)
+        self._request_seconds = metrics.request_seconds.histogram(*self.labels)
+        self._queue_seconds = metrics.queue_seconds.histogram(*self.labels)
+        self._batch_size = metrics.batch_size.histogram(*self.labels)
+        self._restarts = metrics.worker_restarts.counter(*self.labels)
+
+    def request_done(self, seconds: float, queued_seconds: float) -> None:
+        if self.enabled:
+            self._requests.inc()
+            self._latency_us.inc(seconds * 1e6)
+            self._queue_us.inc(queued_seconds * 1e6)
+            self._request_seconds.observe(seconds)
+
+    def dispatched(self, queued_seconds: Iterable[float], batch_size: int) -> None:
+        if self.enabled:
+            for waited in queued_seconds:
+                self._queue_seconds.observe(waited)
+            self._batch_size.observe(batch_size)
+
+    def stages(self, stage_ms: dict[str, float]) -> None:
+        if self.enabled:
+            for stage, ms in stage_ms.items():
+                self.metrics.stage_seconds.histogram(*self.labels, stage).observe(ms / 1000)
+
+    def worker_restarted(self) -> None:
+        if self.enabled:
+            self._restarts.inc()
+
+    def handler_metric(
+        self, name: str, value: float, unit: str, kind: str, dimensions: dict[str, str]
+    ) -> None:
+        """A value a handler recorded through ``context.metrics``: counters add up, the
+        rest keep their latest value."""
+        if not self.enabled:
+            return
+        metric = _INVALID.sub("_", name)
+        dims = tuple(sorted(dimensions))
+        family = self.metrics.handler_metrics.get(metric)
+        if family is None or family.label_names != (*MODEL, "unit", *dims):
+            family = Family(
+                metric,
+                f"Handler metric {name}.",
+                "counter" if kind == "counter" else "gauge",
+                (*MODEL, "unit", *dims),
+            )
+            self.metrics.handler_metrics[metric] = family
+        child = family.labels(*self.labels, unit, *(dimensions[d] for d in dims))
+        if kind == "counter":
+            child.value += value  # type: ignore[union-attr]
+        else:
+            child.value = value  # type: ignore[union-attr]
+
+    def set_queue_and_workers(self, depth: int, states: dict[str, int]) -> None:
+        self.metrics.queue_depth.gauge(*self.labels).set(depth)
+        self.metrics.workers.remove_matching(self.labels)
+        for state, count in states.items():
+            self.metrics.workers.gauge(*self.labels, state).set(count)

@@ -1,0 +1,128 @@
+"""Minimal Prometheus metric families and the text exposition format.
+
+Everything runs on the frontend's event loop thread, so updates need no locks: an
+observation is a few list operations.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    pairs = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        pairs.append(extra)
+    return "{" + ",".join(pairs) + "}" if pairs else ""
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Gauge:
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class Histogram:
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = list(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+
+Child = Counter | Gauge | Histogram
+
+
+class Family:
+    """One metric name, its type and its labelled children."""
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        kind: str,
+        label_names: Sequence[str],
+        buckets: Sequence[float] = (),
+    ) -> None:
+        self.name, self.help, self.kind = name, help_text, kind
+        self.label_names = tuple(label_names)
+        self.buckets = tuple(buckets)
+        self.children: dict[tuple[str, ...], Child] = {}
+
+    def labels(self, *values: str) -> Child:
+        child = self.children.get(values)
+        if child is None:
+            if self.kind == "counter":
+                child = Counter()
+            elif self.kind == "gauge":
+                child = Gauge()
+            else:
+                child = Histogram(self.buckets)
+            self.children[values] = child
+        return child
+
+    def counter(self, *values: str) -> Counter:
+        child = self.labels(*values)
+        assert isinstance(child, Counter)
+        return child
+
+    def gauge(self, *values: str) -> Gauge:
+        child = self.labels(*values)
+        assert isinstance(child, Gauge)
+        return child
+
+    def histogram(self, *values: str) -> Histogram:
+        child = self.labels(*values)
+        assert isinstance(child, Histogram)
+        return child
+
+    def remove_matching(self, prefix: tuple[str, ...]) -> None:
+        """Forget children whose first label values are ``prefix`` (an unloaded model)."""
+        for key in [k for k in self.children if k[: len(prefix)] == prefix]:
+            del self.children[key]
+
+    def render(self) -> Iterator[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} {self.kind}"
+        for values, child in sorted(self.children.items()):
+            if isinstance(child, Histogram):
+                cumulative = 0
+                bounds = [*child.buckets, math.inf]
+                for bound, count in zip(bounds, child.counts, strict=True):
+                    cumulative += count
+                    le = f'le="{_number(bound)}"'
+                    yield f"{self.name}_bucket{_labels(self.label_names, values, le)} {cumulative}"
+                labels = _labels(self.label_names, values)
+                yield f"{self.name}_sum{labels} {_number(child.sum)}"
+                yield f"{self.name}_count{labels} {cumulative}"
+            else:
+                yield f"{self.name}{_labels(self.label_names, values)} {_number(child.value)}"
+
+
+def render(families: Sequence[Family]) -> str:
+    return "\n".join(line for family in families for line in family.render()) + "\n"

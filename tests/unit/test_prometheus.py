@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from ferry.metrics.definitions import FerryMetrics
+from ferry.metrics.prometheus import Family, render
+
+
+def test_exposition_format_for_each_type() -> None:
+    counter = Family("c_total", "A counter.", "counter", ("a",))
+    counter.counter('x"y').inc(2)
+    gauge = Family("g", "A gauge.", "gauge", ())
+    gauge.gauge().set(1.5)
+    histogram = Family("h_seconds", "A histogram.", "histogram", ("m",), buckets=(0.1, 1.0))
+    for value in (0.05, 0.5, 5.0):
+        histogram.histogram("k").observe(value)
+    text = render([counter, gauge, histogram])
+    assert '# TYPE c_total counter\nc_total{a="x\\"y"} 2\n' in text
+    assert "g 1.5\n" in text
+    assert 'h_seconds_bucket{m="k",le="0.1"} 1\n' in text
+    assert 'h_seconds_bucket{m="k",le="1"} 2\n' in text
+    assert 'h_seconds_bucket{m="k",le="+Inf"} 3\n' in text
+    assert 'h_seconds_sum{m="k"} 5.55\nh_seconds_count{m="k"} 3\n' in text
+
+
+def test_model_metrics_and_forgetting_a_model() -> None:
+    metrics = FerryMetrics(hostname="host")
+    model = metrics.for_model("m", "1.0")
+    model.request_done(0.002, 0.0005)
+    model.dispatched([0.0005, 0.001], batch_size=2)
+    model.stages({"inference": 1.5})
+    model.handler_metric("Custom Thing", 3, "count", "counter", {"d": "v"})
+    model.handler_metric("Custom Thing", 4, "count", "counter", {"d": "v"})
+    text = metrics.exposition()
+    assert (
+        'ts_inference_requests_total{model_name="m",model_version="1.0",hostname="host"} 1' in text
+    )
+    assert (
+        'ts_queue_latency_microseconds{model_name="m",model_version="1.0",hostname="host"} 500'
+        in text
+    )
+    assert 'Custom_Thing{model_name="m",model_version="1.0",unit="count",d="v"} 7' in text
+    metrics.forget_model("m", "1.0")
+    assert 'model_name="m"' not in metrics.exposition()
+
+
+def test_disabled_metrics_record_nothing() -> None:
+    metrics = FerryMetrics(enabled=False, hostname="h")
+    metrics.for_model("m", "1").request_done(1.0, 0.1)
+    metrics.record_response("inference", 200)
+    text = metrics.exposition()
+    assert "} 1" not in text
