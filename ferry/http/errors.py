@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,29 +66,45 @@ def error_response(error: FerryError) -> Response:
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+StatusRecorder = Callable[[int], None]
+log = logging.getLogger("ferry.http")
 
 
-def guarded(endpoint: Endpoint) -> Endpoint:
-    """Answer the domain errors an endpoint raises through the table above."""
+def _ignore(status: int) -> None:
+    pass
+
+
+def guarded(endpoint: Endpoint, record: StatusRecorder = _ignore) -> Endpoint:
+    """Answer the domain errors an endpoint raises through the table above, and report
+    every response's status to ``record``."""
 
     async def call(request: Request) -> Response:
         try:
-            return await endpoint(request)
+            response = await endpoint(request)
         except FerryError as error:
-            return error_response(error)
+            response = error_response(error)
+        record(response.status_code)
+        return response
 
     return call
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
-    return error_body(404, "ResourceNotFoundException", "Requested resource is not found")
+def exception_handlers(
+    record: StatusRecorder = _ignore,
+) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """Starlette's own errors (no route, wrong method, a bug) with TorchServe's body."""
 
+    async def not_found(request: Request, exc: Exception) -> Response:
+        record(404)
+        return error_body(404, "ResourceNotFoundException", "Requested resource is not found")
 
-async def _method_not_allowed(request: Request, exc: Exception) -> Response:
-    return error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        record(405)
+        return error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        record(500)
+        return error_body(500, "InternalServerException", f"{type(exc).__name__}: {exc}")
 
-STARLETTE_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-    404: _not_found,
-    405: _method_not_allowed,
-}
+    return {404: not_found, 405: method_not_allowed, 500: internal_error}

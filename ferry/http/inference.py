@@ -9,13 +9,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.http.errors import STARLETTE_HANDLERS, guarded
+from ferry.http.errors import exception_handlers, guarded
 from ferry.http.request_body import read_parts
 from ferry.service import FerryService
 
 
 def inference_app(service: FerryService) -> Starlette:
     limit = service.settings.max_request_size
+    record = service.metrics.response_recorder("inference")
 
     async def ping(request: Request) -> Response:
         healthy = service.is_healthy()
@@ -38,7 +39,7 @@ def inference_app(service: FerryService) -> Starlette:
 
     routes = [
         Route("/ping", ping, methods=["GET"]),
-        Route("/predictions/{model}", guarded(predict), methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", guarded(predict), methods=["POST", "PUT"]),
+        Route("/predictions/{model}", guarded(predict, record), methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", guarded(predict, record), methods=["POST", "PUT"]),
     ]
-    return Starlette(routes=routes, exception_handlers=STARLETTE_HANDLERS)
+    return Starlette(routes=routes, exception_handlers=exception_handlers(record))

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.http.errors import STARLETTE_HANDLERS, guarded
+from ferry.http.errors import exception_handlers, guarded
 from ferry.http.params import Params
 from ferry.service import FerryService, RegisterRequest
 from ferry.status import ModelStatus, WorkerStatus
@@ -70,6 +70,8 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
 
 
 def management_app(service: FerryService) -> Starlette:
+    record = service.metrics.response_recorder("management")
+
     async def list_or_register(request: Request) -> Response:
         params = await Params.read(request, MAX_PARAMS_BODY)
         if request.method == "GET":
@@ -135,9 +137,13 @@ def management_app(service: FerryService) -> Starlette:
         return _status(f'Default version successfully updated for model "{name}" to "{version}"')
 
     routes = [
-        Route("/models", guarded(list_or_register), methods=["GET", "POST"]),
-        Route("/models/{name}", guarded(one_model), methods=["GET", "PUT", "DELETE"]),
-        Route("/models/{name}/{version}", guarded(one_model), methods=["GET", "PUT", "DELETE"]),
-        Route("/models/{name}/{version}/set-default", guarded(set_default), methods=["PUT"]),
+        Route("/models", guarded(list_or_register, record), methods=["GET", "POST"]),
+        Route("/models/{name}", guarded(one_model, record), methods=["GET", "PUT", "DELETE"]),
+        Route(
+            "/models/{name}/{version}", guarded(one_model, record), methods=["GET", "PUT", "DELETE"]
+        ),
+        Route(
+            "/models/{name}/{version}/set-default", guarded(set_default, record), methods=["PUT"]
+        ),
     ]
-    return Starlette(routes=routes, exception_handlers=STARLETTE_HANDLERS)
+    return Starlette(routes=routes, exception_handlers=exception_handlers(record))

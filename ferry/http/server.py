@@ -18,7 +18,7 @@ from ferry.config.settings import Address, ServerSettings
 from ferry.errors import FerryError
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
-from ferry.http.metrics import counted, metrics_app
+from ferry.http.metrics import metrics_app
 from ferry.service import FerryService
 
 log = logging.getLogger("ferry")
@@ -84,11 +84,11 @@ async def run_server(settings: ServerSettings) -> int:
     apps: dict[str, tuple[Address, Any]] = {
         "inference": (
             settings.inference_address,
-            counted(inference_app(service), service, "inference"),
+            inference_app(service),
         ),
         "management": (
             settings.management_address,
-            counted(management_app(service), service, "management"),
+            management_app(service),
         ),
     }
     if settings.enable_metrics_api:

@@ -10,10 +10,10 @@ import os
 import re
 import resource
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ferry.metrics.prometheus import Family, render
+from ferry.metrics.prometheus import Child, Family, render
 
 LATENCY_BUCKETS = (
     0.001,
@@ -151,9 +151,16 @@ class FerryMetrics:
             if family.label_names[:2] == MODEL:
                 family.remove_matching((name, version))
 
-    def record_response(self, api: str, status: int) -> None:
-        if self.enabled:
-            self.responses.counter(api, f"{status // 100}xx").inc()
+    def response_recorder(self, api: str) -> Callable[[int], None]:
+        """Counts one API's responses by status class (does nothing when disabled)."""
+        if not self.enabled:
+            return lambda status: None
+        by_class = {n: self.responses.counter(api, f"{n}xx") for n in range(1, 6)}
+
+        def record(status: int) -> None:
+            by_class[status // 100].value += 1
+
+        return record
 
     def record_processes(self, worker_pids: Iterable[tuple[str, int]]) -> None:
         """Refresh CPU and memory gauges at scrape time."""
@@ -188,6 +195,7 @@ class ModelMetrics:
         self._queue_seconds = metrics.queue_seconds.histogram(*self.labels)
         self._batch_size = metrics.batch_size.histogram(*self.labels)
         self._restarts = metrics.worker_restarts.counter(*self.labels)
+        self._handler_children: dict[tuple[object, ...], Child] = {}
 
     def request_done(self, seconds: float, queued_seconds: float) -> None:
         if self.enabled:
@@ -218,18 +226,22 @@ class ModelMetrics:
         rest keep their latest value."""
         if not self.enabled:
             return
-        metric = _INVALID.sub("_", name)
         dims = tuple(sorted(dimensions))
-        family = self.metrics.handler_metrics.get(metric)
-        if family is None or family.label_names != (*MODEL, "unit", *dims):
-            family = Family(
-                metric,
-                f"Handler metric {name}.",
-                "counter" if kind == "counter" else "gauge",
-                (*MODEL, "unit", *dims),
-            )
-            self.metrics.handler_metrics[metric] = family
-        child = family.labels(*self.labels, unit, *(dimensions[d] for d in dims))
+        key = (name, unit, dims, tuple(dimensions[d] for d in dims))
+        child = self._handler_children.get(key)
+        if child is None:
+            metric = _INVALID.sub("_", name)
+            family = self.metrics.handler_metrics.get(metric)
+            if family is None or family.label_names != (*MODEL, "unit", *dims):
+                family = Family(
+                    metric,
+                    f"Handler metric {name}.",
+                    "counter" if kind == "counter" else "gauge",
+                    (*MODEL, "unit", *dims),
+                )
+                self.metrics.handler_metrics[metric] = family
+            child = family.labels(*self.labels, unit, *key[3])
+            self._handler_children[key] = child
         if kind == "counter":
             child.value += value  # type: ignore[union-attr]
         else:

@@ -45,6 +45,6 @@ def test_model_metrics_and_forgetting_a_model() -> None:
 def test_disabled_metrics_record_nothing() -> None:
     metrics = FerryMetrics(enabled=False, hostname="h")
     metrics.for_model("m", "1").request_done(1.0, 0.1)
-    metrics.record_response("inference", 200)
+    metrics.response_recorder("inference")(200)
     text = metrics.exposition()
     assert "} 1" not in text
