@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import uvicorn
 
 from ferry.config.settings import Address, ServerSettings
-from ferry.errors import FerryError
+from ferry.errors import ConfigError, FerryError
+from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
 from ferry.http.metrics import metrics_app
+from ferry.security import create_key_file
 from ferry.service import FerryService
 
 log = logging.getLogger("ferry")
@@ -42,9 +45,9 @@ def bind(address: Address) -> socket.socket:
     return sock
 
 
-def _bound(sock: socket.socket) -> Address:
+def _bound(sock: socket.socket, scheme: str) -> Address:
     host, port = sock.getsockname()[:2]
-    return Address(host, port)
+    return Address(host, port, scheme)
 
 
 def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
@@ -53,7 +56,15 @@ def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def _listener(app: Any) -> _Listener:
+def _listener(app: Any, address: Address, settings: ServerSettings) -> _Listener:
+    tls: dict[str, Any] = {}
+    if address.scheme == "https":
+        if settings.certificate_file is None or settings.private_key_file is None:
+            raise ConfigError(f"{address.url()}: https needs certificate_file and private_key_file")
+        tls = {
+            "ssl_certfile": str(settings.certificate_file),
+            "ssl_keyfile": str(settings.private_key_file),
+        }
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -61,7 +72,9 @@ def _listener(app: Any) -> _Listener:
         lifespan="off",
         http="httptools",
         timeout_keep_alive=75,
+        **tls,
     )
+    config.load()  # fail now, with a clear error, on an unreadable certificate or key
     return _Listener(config)
 
 
@@ -78,24 +91,38 @@ def _log_models(service: FerryService) -> None:
         )
 
 
-async def run_server(settings: ServerSettings) -> int:
-    """Serve until SIGINT/SIGTERM; returns the process exit code."""
-    service = FerryService(settings)
-    apps: dict[str, tuple[Address, Any]] = {
-        "inference": (
-            settings.inference_address,
-            inference_app(service),
-        ),
-        "management": (
-            settings.management_address,
-            management_app(service),
-        ),
+def _build_apps(service: FerryService, settings: ServerSettings) -> dict[str, tuple[Address, Any]]:
+    """The listeners to start: each API's address and ASGI app, token checks in front."""
+    inference: Any = inference_app(service)
+    management: Any = management_app(service)
+    if settings.disable_token_authorization:
+        log.warning("token authorization is disabled")
+    else:
+        keys = create_key_file(settings.key_file)
+        management = TokenAuth(management, keys.management)
+        if not settings.inference_address.is_loopback:
+            inference = TokenAuth(inference, keys.inference)
+        log.info("token authorization on; keys in %s", settings.key_file.resolve())
+    apps = {
+        "inference": (settings.inference_address, inference),
+        "management": (settings.management_address, management),
     }
     if settings.enable_metrics_api:
         apps["metrics"] = (settings.metrics_address, metrics_app(service))
+    return apps
+
+
+async def run_server(settings: ServerSettings) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code."""
+    service = FerryService(settings)
+    apps = _build_apps(service, settings)
+    try:
+        listeners = [_listener(app, address, settings) for address, app in apps.values()]
+    except (ConfigError, OSError, ssl.SSLError) as error:
+        log.error("start-up failed: %s", error)
+        return 2
     sockets = {name: bind(address) for name, (address, _) in apps.items()}
-    urls = {name: _bound(sock).url() for name, sock in sockets.items()}
-    listeners = [_listener(app) for _, app in apps.values()]
+    urls = {name: _bound(sock, apps[name][0].scheme).url() for name, sock in sockets.items()}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

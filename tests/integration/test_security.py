@@ -1,0 +1,133 @@
+"""Safe defaults: token authorization, owner-only key file, loopback, HTTPS."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import stat
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures.models import digest_archive
+from tests.fixtures.server import ferry_server
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    folder = tmp_path / "store"
+    folder.mkdir()
+    digest_archive(folder, "echo")
+    return folder
+
+
+def test_management_needs_the_key_and_inference_on_loopback_does_not(
+    store: Path, tmp_path: Path
+) -> None:
+    with ferry_server(store, ["echo.mar"], tmp_path, auth=True) as server:
+        key_file = tmp_path / "key_file.json"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        keys = json.loads(key_file.read_text())
+        with server.management() as api:
+            refused = api.get("/models")
+            assert refused.status_code == 401
+            assert refused.json()["type"] == "InvalidKeyException"
+            wrong = api.get("/models", headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            good = {"Authorization": f"Bearer {keys['management']['key']}"}
+            assert api.get("/models", headers=good).status_code == 200
+            inference_key = {"Authorization": f"Bearer {keys['inference']['key']}"}
+            assert api.get("/models", headers=inference_key).status_code == 401
+        with server.client() as client:  # loopback inference stays open
+            assert client.post("/predictions/echo", content=b"x").status_code == 200
+        assert httpx.get(f"{server.metrics_url}/metrics").status_code == 200
+
+
+def test_inference_beyond_loopback_needs_its_key(store: Path, tmp_path: Path) -> None:
+    with ferry_server(
+        store, ["echo.mar"], tmp_path, "--inference-address", "http://0.0.0.0:0", auth=True
+    ) as server:
+        port = server.url.rsplit(":", 1)[1]
+        url = f"http://127.0.0.1:{port}"
+        keys = json.loads((tmp_path / "key_file.json").read_text())
+        assert httpx.post(f"{url}/predictions/echo", content=b"x").status_code == 401
+        assert httpx.get(f"{url}/ping").status_code == 200  # health checks need no key
+        headers = {"Authorization": f"Bearer {keys['inference']['key']}"}
+        assert (
+            httpx.post(f"{url}/predictions/echo", content=b"x", headers=headers).status_code == 200
+        )
+
+
+def test_disable_token_auth_writes_no_key_file(store: Path, tmp_path: Path) -> None:
+    with ferry_server(store, ["echo.mar"], tmp_path) as server, server.management() as api:
+        assert api.get("/models").status_code == 200
+    assert not (tmp_path / "key_file.json").exists()
+    assert "token authorization is disabled" in server.log()
+
+
+def test_https_listeners(store: Path, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tls = [
+        "--inference-address",
+        "https://127.0.0.1:0",
+        "--certificate-file",
+        str(cert),
+        "--private-key-file",
+        str(key),
+    ]
+    with ferry_server(store, ["echo.mar"], tmp_path, *tls) as server:
+        assert server.url.startswith("https://")
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(base_url=server.url, verify=trust) as client:
+            assert client.get("/ping").json() == {"status": "Healthy"}
+            assert client.post("/predictions/echo", content=b"x").status_code == 200
+
+
+def test_https_without_certificate_stops_start_up(store: Path, tmp_path: Path) -> None:
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ferry",
+            "serve",
+            "--model-store",
+            str(store),
+            "--inference-address",
+            "https://127.0.0.1:0",
+            "--management-address",
+            "http://127.0.0.1:0",
+            "--metrics-address",
+            "http://127.0.0.1:0",
+            "--disable-token-auth",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "certificate_file" in result.stderr
