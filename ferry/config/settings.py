@@ -98,6 +98,8 @@ class ServerSettings:
     enable_envvars_config: bool = False
     """Also read TorchServe's ``TS_*`` environment variables."""
 
+    access_log: bool = True
+    """One log line per inference request (logger ``ferry.access``)."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""
     log_level: str = "INFO"

@@ -138,6 +138,7 @@ OPTIONS = (
     Option("key_file", "key_file", _path),
     Option("enable_envvars_config", "enable_envvars_config", _boolean, switch=True),
     Option("log_format", "log_format", _choice("plain", "json")),
+    Option("access_log", "access_log", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("ready_file", "ready_file", _path),
 )

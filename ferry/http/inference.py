@@ -3,20 +3,51 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.http.errors import exception_handlers, guarded
+from ferry.errors import FerryError
+from ferry.http.errors import error_response, exception_handlers
 from ferry.http.request_body import read_parts
+from ferry.scheduling.jobs import InferenceResponse
 from ferry.service import FerryService
+
+access = logging.getLogger("ferry.access")
+
+
+def log_access(
+    request: Request,
+    status: int,
+    model: str,
+    version: str | None,
+    start: float,
+    answer: InferenceResponse | None,
+) -> None:
+    """One line per request: model, version, status, latency, queue time, batch size."""
+    fields = {
+        "method": request.method,
+        "path": request.url.path,
+        "status": status,
+        "model": model,
+        "version": version,
+        "latency_ms": round((time.perf_counter() - start) * 1000, 3),
+        "queue_ms": round(answer.queued_seconds * 1000, 3) if answer else None,
+        "batch_size": answer.batch_size if answer else None,
+    }
+    if access.isEnabledFor(logging.INFO):
+        text = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+        access.info(text, extra={"fields": fields})
 
 
 def inference_app(service: FerryService) -> Starlette:
     limit = service.settings.max_request_size
     record = service.metrics.response_recorder("inference")
+    access_log = service.settings.access_log
 
     async def ping(request: Request) -> Response:
         healthy = service.is_healthy()
@@ -24,22 +55,31 @@ def inference_app(service: FerryService) -> Starlette:
         return Response(body, status_code=200 if healthy else 500, media_type="application/json")
 
     async def predict(request: Request) -> Response:
+        start = time.perf_counter()
         model = request.path_params["model"]
         version = request.path_params.get("version")
-        service.runner(model, version)  # 404 before reading a body we would discard
-        parts = await read_parts(request, limit)
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        answer = await service.predict(model, version, parts, headers)
-        return Response(
-            answer.body,
-            status_code=answer.status,
-            headers=answer.headers,
-            media_type=answer.content_type,
-        )
+        answer: InferenceResponse | None = None
+        try:
+            version = service.runner(model, version).version  # 404 before reading the body
+            parts = await read_parts(request, limit)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            answer = await service.predict(model, version, parts, headers)
+            response = Response(
+                answer.body,
+                status_code=answer.status,
+                headers=answer.headers,
+                media_type=answer.content_type,
+            )
+        except FerryError as error:
+            response = error_response(error)
+        record(response.status_code)
+        if access_log:
+            log_access(request, response.status_code, model, version, start, answer)
+        return response
 
     routes = [
         Route("/ping", ping, methods=["GET"]),
-        Route("/predictions/{model}", guarded(predict, record), methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", guarded(predict, record), methods=["POST", "PUT"]),
+        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))

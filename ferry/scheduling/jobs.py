@@ -24,6 +24,7 @@ class InferenceResponse:
     headers: dict[str, str] = field(default_factory=dict)
     batch_size: int = 1
     """How many requests shared this request's batch."""
+    queued_seconds: float = 0.0
 
 
 @dataclass

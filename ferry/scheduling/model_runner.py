@@ -79,14 +79,21 @@ class WorkerSlot:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
-def _to_outcome(result: ItemResult, batch_size: int) -> InferenceResponse | FerryError:
+def _to_outcome(
+    result: ItemResult, batch_size: int, queued_seconds: float = 0.0
+) -> InferenceResponse | FerryError:
     if result.error_kind == "invalid_input":
         return InvalidInput(result.message)
     if result.error_kind:
         status = result.status if 400 <= result.status <= 599 else None
         return HandlerFailed(result.message, status)
     return InferenceResponse(
-        result.body, result.content_type, result.status or 200, result.headers, batch_size
+        result.body,
+        result.content_type,
+        result.status or 200,
+        result.headers,
+        batch_size,
+        queued_seconds,
     )
 
 
@@ -331,7 +338,7 @@ class ModelRunner:
             if item is None:
                 job.fail(HandlerFailed("worker returned no result for this request"))
                 continue
-            outcome = _to_outcome(item, len(jobs))
+            outcome = _to_outcome(item, len(jobs), job.queued_seconds)
             if isinstance(outcome, FerryError):
                 job.fail(outcome)
             else:

@@ -102,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s [{spec.model_name}/{spec.worker_id}] %(levelname)s %(message)s",
-    )
+    # The frontend prefixes each line with the model, worker and time.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     configure_torch(spec.torch_threads)
     with socket.socket(fileno=args.fd) as sock:
         return serve(sock, spec)

@@ -23,6 +23,19 @@ from ferry.worker.torch_setup import worker_environment
 log = logging.getLogger("ferry.worker")
 
 
+async def _relay_output(stream: asyncio.StreamReader, prefix: str) -> None:
+    """Worker stdout/stderr, line by line, into the frontend's log with the worker's name."""
+    output = logging.getLogger("ferry.worker.output")
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:  # a line longer than the stream limit: take what is there
+            line = await stream.read(1 << 16)
+        if not line:
+            return
+        output.info("%s %s", prefix, line.decode(errors="replace").rstrip())
+
+
 class WorkerGone(Exception):
     """The worker process exited or closed its socket."""
 
@@ -48,6 +61,9 @@ class WorkerProcess:
         self.pid = process.pid
         self.device = "cpu"
         self.exited = asyncio.ensure_future(process.wait())
+        assert process.stdout is not None
+        prefix = f"[{spec.model_name} {spec.worker_id} pid {process.pid}]"
+        self._output = asyncio.ensure_future(_relay_output(process.stdout, prefix))
 
     @classmethod
     async def start(cls, spec: WorkerSpec, startup_timeout: float) -> WorkerProcess:
@@ -64,6 +80,8 @@ class WorkerProcess:
                 spec.to_json(),
                 pass_fds=(child_sock.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
                 env=worker_environment(os.environ),
             )
         finally:

@@ -1,0 +1,48 @@
+"""Access log lines, worker output prefixed with its model and worker, JSON log lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.fixtures.models import digest_archive
+from tests.fixtures.server import RunningServer, ferry_server
+
+
+def test_access_log_and_worker_output(main_server: RunningServer) -> None:
+    with main_server.client() as client:
+        assert client.post("/predictions/digest", content=b"logged").status_code == 200
+        assert client.post("/predictions/absent", content=b"x").status_code == 404
+    log = main_server.log()
+    access = [line for line in log.splitlines() if "ferry.access" in line]
+    assert any(
+        "path=/predictions/digest status=200 model=digest version=1.0" in line
+        and "queue_ms=" in line
+        and "batch_size=" in line
+        for line in access
+    )
+    assert any("status=404 model=absent" in line for line in access)
+    assert "[digest w0.0 pid " in log and "digest handler ready for digest" in log
+    for line in (
+        "inference API listening on",
+        "management API listening on",
+        "metrics API listening on",
+        "model digest v1.0: 1 workers on cpu",
+    ):
+        assert line in log
+
+
+def test_json_log_lines(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    digest_archive(store, "echo")
+    with ferry_server(store, ["echo.mar"], tmp_path, "--log-format", "json") as server:
+        with server.client() as client:
+            assert client.post("/predictions/echo", content=b"x").status_code == 200
+        log = server.log()
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    access = [r for r in records if r["logger"] == "ferry.access"]
+    assert access and access[0]["model"] == "echo" and access[0]["status"] == 200
+    assert access[0]["batch_size"] == 1 and access[0]["latency_ms"] > 0
+    assert any(r["logger"] == "ferry.worker.output" for r in records)
