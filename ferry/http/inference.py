@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from ferry.errors import FerryError
 from ferry.http.errors import error_response, exception_handlers
+from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.scheduling.jobs import InferenceResponse
 from ferry.service import FerryService
@@ -81,5 +82,6 @@ def inference_app(service: FerryService) -> Starlette:
         Route("/ping", ping, methods=["GET"]),
         Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
         Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        *description_routes(inference_description()),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))

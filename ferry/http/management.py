@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry.http.errors import exception_handlers, guarded
+from ferry.http.openapi import description_routes, management_description
 from ferry.http.params import Params
 from ferry.service import FerryService, RegisterRequest
 from ferry.status import ModelStatus, WorkerStatus
@@ -145,5 +146,6 @@ def management_app(service: FerryService) -> Starlette:
         Route(
             "/models/{name}/{version}/set-default", guarded(set_default, record), methods=["PUT"]
         ),
+        *description_routes(management_description()),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))
