@@ -25,6 +25,7 @@ from ferry.errors import (
     ResponseTooLarge,
 )
 from ferry.metrics.definitions import FerryMetrics
+from ferry.metrics.gpu import read_gpus
 from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
@@ -316,6 +317,8 @@ class FerryService:
                     workers.append((label, slot.worker.pid))
             runner.metrics.set_queue_and_workers(len(runner.queue), states)
         self.metrics.record_processes(workers)
+        if self._gpus:
+            self.metrics.record_gpus(read_gpus())
         return self.metrics.exposition()
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ferry.metrics.gpu import GpuReading
 from ferry.metrics.prometheus import Child, Family, render
 
 LATENCY_BUCKETS = (
@@ -123,6 +124,12 @@ class FerryMetrics:
             "gauge",
             ("process",),
         )
+        self.gpu_memory = Family(
+            "ferry_gpu_memory_used_bytes", "GPU memory in use (NVML).", "gauge", ("gpu",)
+        )
+        self.gpu_utilization = Family(
+            "ferry_gpu_utilization_percent", "GPU utilisation (NVML).", "gauge", ("gpu",)
+        )
         self.handler_metrics: dict[str, Family] = {}
 
     def families(self) -> list[Family]:
@@ -140,6 +147,8 @@ class FerryMetrics:
             self.responses,
             self.process_cpu,
             self.process_memory,
+            self.gpu_memory,
+            self.gpu_utilization,
             *self.handler_metrics.values(),
         ]
 
@@ -172,6 +181,11 @@ class FerryMetrics:
         for label, pid in worker_pids:
             self.process_cpu.counter(label).value = _cpu_seconds(pid)
             self.process_memory.gauge(label).set(_resident_bytes(pid))
+
+    def record_gpus(self, readings: Iterable[GpuReading]) -> None:
+        for reading in readings:
+            self.gpu_memory.gauge(str(reading.index)).set(reading.memory_used_bytes)
+            self.gpu_utilization.gauge(str(reading.index)).set(reading.utilization_percent)
 
     def exposition(self) -> str:
         return render(self.families())

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import sys
+
+import pytest
+
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.prometheus import Family, render
 
@@ -48,3 +52,53 @@ def test_disabled_metrics_record_nothing() -> None:
     metrics.response_recorder("inference")(200)
     text = metrics.exposition()
     assert "} 1" not in text
+
+
+class _FakeNvml:
+    """Stands in for pynvml: two GPUs with fixed readings."""
+
+    class _Memory:
+        used, total = 3 * 2**30, 80 * 2**30
+
+    class _Rates:
+        gpu = 57
+
+    shut_down = False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        _FakeNvml.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        return self._Memory()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> object:
+        return self._Rates()
+
+
+def test_gpu_readings_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferry.metrics import gpu
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    readings = gpu.read_gpus()
+    assert [r.index for r in readings] == [0, 1] and _FakeNvml.shut_down
+    metrics = FerryMetrics(hostname="h")
+    metrics.record_gpus(readings)
+    text = metrics.exposition()
+    assert f'ferry_gpu_memory_used_bytes{{gpu="1"}} {3 * 2**30}' in text
+    assert 'ferry_gpu_utilization_percent{gpu="0"} 57' in text
+
+
+def test_no_nvml_means_no_gpu_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferry.metrics import gpu
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert gpu.read_gpus() == []
