@@ -1,15 +1,17 @@
-"""What collecting metrics costs: a no-op model at concurrency 16, metrics on against off.
+"""What observability costs: a no-op model at concurrency 16 on three servers side by side,
+the defaults (metrics and access log on), metrics off, and access log off.
 
     python benchmarks/metrics_overhead.py --out benchmarks/results/metrics_overhead.md
 
-Two servers (``enable_metrics_api`` true and false) run side by side; rounds alternate
-between them and the median of the per-round throughput ratios is reported.
+Rounds rotate the order of the servers; medians of the per-round throughput ratios
+against the defaults are reported, with the in-process cost of the metric bookkeeping.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -58,46 +60,53 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ferry-metrics-bench-"))
     store = tmp / "store"
     archive = noop_archive(store, batch_size=8)
-    on_rps, off_rps, ratios = [], [], []
-    with (
-        ferry_server(store, [f"noop={archive}"], tmp) as on,
-        ferry_server(store, [f"noop={archive}"], tmp, "--enable-metrics-api", "false") as off,
-    ):
-        for url in (on.url, off.url):
-            throughput(f"{url}/predictions/noop", 1000)  # warm-up
+    variants = {
+        "defaults (metrics on, access log on)": [],
+        "metrics off (`--enable-metrics-api false`)": ["--enable-metrics-api", "false"],
+        "access log off (`--access-log false`)": ["--access-log", "false"],
+    }
+    rps: dict[str, list[float]] = {name: [] for name in variants}
+    with contextlib.ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(ferry_server(store, [f"noop={archive}"], tmp, *flags))
+            for name, flags in variants.items()
+        }
+        for server in servers.values():
+            throughput(f"{server.url}/predictions/noop", 1000)  # warm-up
+        names = list(servers)
         for index in range(args.rounds):
-            order = [(on, on_rps), (off, off_rps)]
-            for server, figures in order if index % 2 == 0 else reversed(order):
-                figures.append(throughput(f"{server.url}/predictions/noop", args.requests))
-            ratios.append(on_rps[-1] / off_rps[-1])
+            order = names[index % 3 :] + names[: index % 3]
+            for name in order:
+                rps[name].append(throughput(f"{servers[name].url}/predictions/noop", args.requests))
             print(
-                f"round {index + 1}: on {on_rps[-1]:.0f} req/s, off {off_rps[-1]:.0f} req/s",
-                flush=True,
+                f"round {index + 1}: " + ", ".join(f"{rps[n][-1]:.0f}" for n in names), flush=True
             )
     med = statistics.median
     per_request_us = bookkeeping_microseconds()
+    base = names[0]
     lines = [
-        "# Cost of metrics collection: no-op handler, concurrency 16",
+        "# Cost of observability: no-op handler, concurrency 16",
         "",
         f"Machine: {machine_description()}.",
-        f"{args.rounds} rounds of {args.requests} requests to each of two servers (metrics on, "
-        "metrics off), alternating; produced by `benchmarks/metrics_overhead.py` in one run.",
+        f"{args.rounds} rounds of {args.requests} requests to each of three servers, order "
+        "rotating; produced by `benchmarks/metrics_overhead.py` in one run. A no-op model is "
+        "the worst case: a real model spends far longer per request than the bookkeeping does.",
         "",
-        "| metrics | median req/s |",
-        "|---|---|",
-        f"| on | {med(on_rps):.0f} |",
-        f"| off (`--enable-metrics-api false`) | {med(off_rps):.0f} |",
+        "| server | median req/s | median per-round ratio to the defaults |",
+        "|---|---|---|",
+    ]
+    for name in names:
+        ratios = [a / b for a, b in zip(rps[name], rps[base], strict=True)]
+        lines.append(f"| {name} | {med(rps[name]):.0f} | {med(ratios):.3f} |")
+    lines += [
         "",
-        f"Median per-round throughput ratio on / off: **{med(ratios):.3f}** (1 = no cost; a "
-        "no-op model is the worst case, a real model spends far longer per request than the "
-        "bookkeeping does).",
+        "Rounds (req/s, same order as the table): "
+        + "; ".join(", ".join(f"{rps[n][i]:.0f}" for n in names) for i in range(args.rounds))
+        + ". The spread is the shared machine's noise; the in-process figure below has none.",
         "",
-        "Per-round ratios: " + ", ".join(f"{r:.3f}" for r in ratios) + ". The spread is "
-        "the shared machine's noise; the in-process figure below has none.",
-        "",
-        f"Bookkeeping measured in process: **{per_request_us:.2f} µs per request** (request "
-        "counters and histograms, the per-batch share at batch 8, the response counter), "
-        f"i.e. {per_request_us * med(off_rps) / 1e4:.1f}% of one core at the no-op rate above.",
+        f"Metric bookkeeping measured in process: **{per_request_us:.2f} µs per request** "
+        "(request counters and histograms, the per-batch share at batch 8, the response "
+        "counter).",
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

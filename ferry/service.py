@@ -7,6 +7,7 @@ it owns the model registry and knows nothing about HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -19,6 +20,7 @@ from ferry.config.settings import ServerSettings, available_cores, default_worke
 from ferry.config.settings import threads_per_worker as split_threads
 from ferry.errors import (
     ConfigError,
+    FerryError,
     InvalidRequest,
     ModelApiDisabled,
     ModelLoadFailed,
@@ -74,6 +76,7 @@ class FerryService:
         self.settings = settings
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
+        self._background: set[asyncio.Task[None]] = set()
         self._work_dir = tempfile.TemporaryDirectory(prefix="ferry-models-")
         visible = _visible_gpus()
         limit = settings.number_of_gpu
@@ -252,18 +255,33 @@ class FerryService:
         self._require_model_api()
         archive = await self._open_for_registration(request)
         entry = self._start(archive, at_startup=False, startup_timeout=request.startup_timeout)
-        runner = entry.runner
-        if not request.synchronous and runner.slots:
+        if not request.synchronous and entry.runner.slots:
+            task = asyncio.create_task(self._unless_loaded(entry))
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
             return entry, False
-        await runner.wait_started()
-        if runner.slots and runner.ready_workers == 0:
-            reasons = {slot.last_error for slot in runner.slots}
-            self.registry.remove(archive.name, archive.version)
-            await runner.stop()
-            raise ModelLoadFailed(
-                f"Model {archive.name} failed to load: {'; '.join(sorted(reasons))}"
-            )
+        await self._unless_loaded(entry)
         return entry, True
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s", task.exception())
+
+    async def _unless_loaded(self, entry: ModelVersion) -> None:
+        """Once every worker has tried to start: if none could, unregister the version
+        again, so a model that cannot load is never left half-registered."""
+        runner, archive = entry.runner, entry.archive
+        await runner.wait_started()
+        if not runner.slots or runner.ready_workers > 0:
+            return
+        reasons = "; ".join(sorted({slot.last_error for slot in runner.slots}))
+        with contextlib.suppress(FerryError):
+            if self.registry.get(archive.name, archive.version) is entry:
+                self.registry.remove(archive.name, archive.version)
+        await runner.stop()
+        self.metrics.forget_model(archive.name, archive.version)
+        raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
 
     async def unregister(self, name: str, version: str | None) -> ModelVersion:
         self._require_model_api()
@@ -322,6 +340,8 @@ class FerryService:
         return self.metrics.exposition()
 
     async def close(self) -> None:
+        for task in self._background:
+            task.cancel()
         await asyncio.gather(*(entry.runner.stop() for entry in self.registry.all_versions()))
         self._work_dir.cleanup()
 

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -280,3 +281,16 @@ def test_allowed_remote_url_is_downloaded_and_registered(tmp_path: Path) -> None
                 )
         finally:
             archive_server.shutdown()
+
+
+def test_asynchronous_registration_of_an_unloadable_model_is_rolled_back(
+    managed: RunningServer,
+) -> None:
+    with managed.management() as api:
+        accepted = api.post("/models", params={"url": "broken.mar", "initial_workers": 1})
+        assert accepted.status_code == 202
+        deadline = time.monotonic() + 120
+        while api.get("/models/broken").status_code != 404:  # waits for the worker's attempt
+            assert time.monotonic() < deadline, "the unloadable model stayed registered"
+            time.sleep(0.1)
+    assert "broken v1.0 failed to load" in managed.log()
