@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from ferry.procinfo import resident_bytes
 from ferry.scheduling.model_runner import WorkerSlot
 from ferry.scheduling.registry import ModelVersion
 
@@ -45,17 +45,6 @@ class ModelStatus:
     pending_requests: int
 
 
-def resident_memory(pid: int) -> int:
-    """Resident set size in bytes (Linux /proc); 0 where that cannot be read."""
-    try:
-        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    import resource
-
-    return pages * resource.getpagesize()
-
-
 def _worker_status(slot: WorkerSlot) -> WorkerStatus:
     worker = slot.worker
     pid = worker.pid if worker is not None else None
@@ -64,7 +53,7 @@ def _worker_status(slot: WorkerSlot) -> WorkerStatus:
         start_time=slot.ready_since,
         status=_STATES.get(slot.state, slot.state.upper()),
         pid=pid,
-        memory_bytes=resident_memory(pid) if pid is not None else 0,
+        memory_bytes=resident_bytes(pid) if pid is not None else 0,
         gpu=worker is not None and worker.device.startswith("cuda"),
     )
 

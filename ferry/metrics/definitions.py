@@ -11,10 +11,10 @@ import re
 import resource
 import socket
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from ferry.metrics.gpu import GpuReading
 from ferry.metrics.prometheus import Child, Family, render
+from ferry.procinfo import cpu_seconds, resident_bytes
 
 LATENCY_BUCKETS = (
     0.001,
@@ -34,23 +34,6 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODEL = ("model_name", "model_version")
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc); 0 where unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _resident_bytes(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * resource.getpagesize()
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 class FerryMetrics:
@@ -177,10 +160,10 @@ class FerryMetrics:
         self.process_cpu.remove_matching(())
         self.process_memory.remove_matching(())
         self.process_cpu.counter("frontend").value = usage.ru_utime + usage.ru_stime
-        self.process_memory.gauge("frontend").set(_resident_bytes(os.getpid()))
+        self.process_memory.gauge("frontend").set(resident_bytes(os.getpid()))
         for label, pid in worker_pids:
-            self.process_cpu.counter(label).value = _cpu_seconds(pid)
-            self.process_memory.gauge(label).set(_resident_bytes(pid))
+            self.process_cpu.counter(label).value = cpu_seconds(pid)
+            self.process_memory.gauge(label).set(resident_bytes(pid))
 
     def record_gpus(self, readings: Iterable[GpuReading]) -> None:
         for reading in readings:
