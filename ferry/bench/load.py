@@ -1,17 +1,29 @@
-"""A closed-loop HTTP load generator for any server with TorchServe's inference API."""
+"""An HTTP load generator for any server with TorchServe's inference API.
+
+Closed loop (``concurrency`` clients, each waiting for its answer) or open loop (Poisson
+arrivals at ``rate`` per second, answered or not), stopped after ``requests`` requests or
+``duration`` seconds.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
+from ferry.bench.arrivals import poisson_offsets
 from ferry.bench.stats import percentile
+
+MAX_IN_FLIGHT = 10_000
+"""Open loop: beyond this many unanswered requests, arrivals are counted as dropped."""
 
 
 @dataclass
@@ -22,13 +34,157 @@ class LoadResult:
     statuses: Counter[int] = field(default_factory=Counter)
     bodies: list[tuple[int, int, bytes]] = field(default_factory=list)
     """(request index, status, body), kept only when asked for."""
+    transport_errors: Counter[str] = field(default_factory=Counter)
+    dropped: int = 0
 
     @property
     def throughput(self) -> float:
-        return self.requests / self.seconds if self.seconds > 0 else 0.0
+        """Answered requests per second."""
+        return len(self.latencies_ms) / self.seconds if self.seconds > 0 else 0.0
 
     def latency_ms(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    url: str
+    payloads: Sequence[bytes]
+    concurrency: int | None = None
+    rate: float | None = None
+    requests: int | None = None
+    duration: float | None = None
+    content_type: str = "application/octet-stream"
+    seed: int = 0
+    progress: bool = False
+
+
+class _Progress:
+    """One self-rewriting stderr line, only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool, total: int | None, duration: float | None) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.total, self.duration = total, duration
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < 0.2:
+            return
+        self.last = now
+        elapsed = now - self.start
+        share = done / self.total if self.total else min(1.0, elapsed / (self.duration or 1))
+        bar = "#" * int(share * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {done} requests, {done / max(elapsed, 1e-9):.0f}/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+async def run_load(
+    spec: LoadSpec,
+    *,
+    keep_bodies: bool = False,
+    on_response: Callable[[int, int, bytes], None] | None = None,
+) -> LoadResult:
+    if (spec.concurrency is None) == (spec.rate is None):
+        raise ValueError("give exactly one of concurrency or rate")
+    if (spec.requests is None) == (spec.duration is None):
+        raise ValueError("give exactly one of requests or duration")
+    result = LoadResult(requests=0, seconds=0.0)
+    progress = _Progress(spec.progress, spec.requests, spec.duration)
+    headers = {"Content-Type": spec.content_type}
+    limit = spec.concurrency or 1000
+    connector = aiohttp.TCPConnector(limit=limit, ssl=False)
+    timeout = aiohttp.ClientTimeout(total=600)
+
+    async def send(session: aiohttp.ClientSession, index: int) -> None:
+        payload = spec.payloads[index % len(spec.payloads)]
+        start = time.perf_counter()
+        try:
+            async with session.post(spec.url, data=payload, headers=headers) as response:
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            result.transport_errors[type(exc).__name__] += 1
+            return
+        result.latencies_ms.append((time.perf_counter() - start) * 1000)
+        result.statuses[response.status] += 1
+        if keep_bodies:
+            result.bodies.append((index, response.status, body))
+        if on_response is not None:
+            on_response(index, response.status, body)
+        progress.update(len(result.latencies_ms))
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        deadline = start + spec.duration if spec.duration is not None else None
+        if spec.concurrency is not None:
+            await _closed_loop(session, send, spec.concurrency, spec.requests, deadline, result)
+        else:
+            assert spec.rate is not None
+            await _open_loop(session, send, spec.rate, spec.requests, deadline, spec.seed, result)
+        result.seconds = time.perf_counter() - start
+    progress.close()
+    return result
+
+
+Sender = Callable[[aiohttp.ClientSession, int], Coroutine[Any, Any, None]]
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    send: Sender,
+    concurrency: int,
+    requests: int | None,
+    deadline: float | None,
+    result: LoadResult,
+) -> None:
+    counter = itertools.count()
+
+    async def client() -> None:
+        while True:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            index = next(counter)
+            if requests is not None and index >= requests:
+                return
+            result.requests += 1
+            await send(session, index)
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession,
+    send: Sender,
+    rate: float,
+    requests: int | None,
+    deadline: float | None,
+    seed: int,
+    result: LoadResult,
+) -> None:
+    start = time.perf_counter()
+    in_flight: set[asyncio.Task[None]] = set()
+    for index, offset in enumerate(poisson_offsets(rate, random.Random(seed))):
+        if requests is not None and index >= requests:
+            break
+        if deadline is not None and start + offset >= deadline:
+            break
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # the arrival schedule itself, not a synchronisation
+        result.requests += 1
+        if len(in_flight) >= MAX_IN_FLIGHT:
+            result.dropped += 1
+            continue
+        task = asyncio.create_task(send(session, index))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.gather(*in_flight)
 
 
 async def run_closed_loop(
@@ -45,27 +201,7 @@ async def run_closed_loop(
 
     Request ``i`` carries ``payloads[i % len(payloads)]``.
     """
-    counter = itertools.count()
-    result = LoadResult(requests=requests, seconds=0.0)
-    headers = {"Content-Type": content_type}
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=600)
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        while (index := next(counter)) < requests:
-            payload = payloads[index % len(payloads)]
-            start = time.perf_counter()
-            async with session.post(url, data=payload, headers=headers) as response:
-                body = await response.read()
-            result.latencies_ms.append((time.perf_counter() - start) * 1000)
-            result.statuses[response.status] += 1
-            if keep_bodies:
-                result.bodies.append((index, response.status, body))
-            if on_response is not None:
-                on_response(index, response.status, body)
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(concurrency)))
-        result.seconds = time.perf_counter() - start
-    return result
+    spec = LoadSpec(
+        url, payloads, concurrency=concurrency, requests=requests, content_type=content_type
+    )
+    return await run_load(spec, keep_bodies=keep_bodies, on_response=on_response)
