@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +40,21 @@ def add_parser(commands: Any) -> None:
     load.add_argument("--out", type=Path, help="folder for load.json")
     load.add_argument("--seed", type=int, default=0, help="open-loop arrival seed")
     load.set_defaults(run=run_load_command)
+
+    profile = tools.add_parser(
+        "profile",
+        help="time a model's handler offline at each batch size (no server)",
+        description="Without --batch-sizes, doubles from 1 until memory runs out or time per "
+        "item stops improving.",
+    )
+    profile.add_argument("model", type=Path, help="a .mar, .tar.gz or model folder")
+    profile.add_argument("--input", required=True, help="comma-separated request bodies")
+    profile.add_argument("--batch-sizes", help="e.g. 1,2,4,8")
+    profile.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    profile.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
+    profile.add_argument("--seconds", type=float, default=2.0, help="timing per point")
+    profile.add_argument("--out", type=Path, help="folder for profile.csv/.json/.png")
+    profile.set_defaults(run=run_profile_command)
 
 
 def _default_metrics_url(url: str) -> str | None:
@@ -96,4 +112,53 @@ def run_load_command(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "load.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError("batch sizes must be positive integers")
+    return values
+
+
+def run_profile_command(args: argparse.Namespace) -> int:
+    from ferry.bench.profile import PRECISIONS, load_handler, profile
+    from ferry.bench.profile_report import format_table, write_reports
+    from ferry.config.settings import available_cores
+    from ferry.errors import FerryError
+    from ferry.worker.torch_setup import configure_torch
+
+    try:
+        batch_sizes = _int_list(args.batch_sizes) if args.batch_sizes else None
+        precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+        unknown = [p for p in precisions if p not in PRECISIONS]
+        if unknown or not precisions:
+            raise ValueError(f"unknown precision {unknown}; use fp32, fp16, bf16")
+        inputs = [Path(p).read_bytes() for p in args.input.split(",") if p]
+    except (ValueError, OSError) as exc:
+        print(f"ferry bench profile: {exc}", file=sys.stderr)
+        return 2
+    configure_torch(available_cores())  # as a lone worker on this machine
+    with tempfile.TemporaryDirectory(prefix="ferry-profile-") as tmp:
+        try:
+            loaded = load_handler(args.model.resolve(), Path(tmp), args.device)
+        except (FerryError, RuntimeError) as exc:
+            print(f"ferry bench profile: {exc}", file=sys.stderr)
+            return 2
+        points = profile(
+            loaded,
+            inputs,
+            batch_sizes,
+            precisions,
+            args.seconds,
+            on_point=lambda p: print(
+                f"  batch {p.batch_size} {p.variant} {p.precision}: {p.ms_per_item:.3f} ms/item",
+                file=sys.stderr,
+            ),
+        )
+    print(format_table(points))
+    if args.out is not None:
+        for path in write_reports(points, args.out, args.model.name):
+            print(path)
     return 0

@@ -1,0 +1,195 @@
+"""Offline batch profiling: a model's handler loaded as a worker loads it, timed at each
+batch size, for the whole handler and for the model alone."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferry.bench.stats import percentile
+from ferry.handlers.context import Context
+from ferry.handlers.loader import load_entry_point
+from ferry.store.archive import ModelArchive, open_model
+
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+MIN_GAIN = 1.03
+"""Automatic batch sizes stop once time per item improved by less than this, twice."""
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    batch_size: int
+    variant: str
+    """``handler`` (preprocess + inference + postprocess) or ``model`` (forward pass alone)."""
+    precision: str
+    latency_ms_median: float
+    latency_ms_p10: float
+    latency_ms_p90: float
+    ms_per_item: float
+    items_per_second: float
+    peak_memory_mb: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadedHandler:
+    archive: ModelArchive
+    context: Context
+    entry: Callable[[Any, Context], Any]
+    service: Any
+    """The handler instance when it is a class (gives access to preprocess and model)."""
+    device: torch.device
+
+
+def load_handler(source: Path, work_dir: Path, device: str) -> LoadedHandler:
+    """Open an archive or folder and initialise its handler in this process."""
+    archive = open_model(source.parent, source.name, work_dir)
+    gpu = 0 if device == "cuda" else None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is available")
+    sys.path.insert(0, str(archive.model_dir))
+    context = Context(
+        archive.name,
+        str(archive.model_dir),
+        archive.manifest.document,
+        1,
+        gpu,
+        model_yaml_config=archive.config.raw,
+    )
+    entry = load_entry_point(archive.manifest.handler, context)
+    service = getattr(entry, "__self__", None)
+    return LoadedHandler(archive, context, entry, service, torch.device(device))
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+@contextlib.contextmanager
+def _precision(device: torch.device, precision: str) -> Iterator[None]:
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def _time(run: Callable[[], Any], seconds: float, device: torch.device) -> list[float]:
+    for _ in range(2):  # warm-up: allocator, lazy initialisation, TorchScript profiling runs
+        run()
+    timings: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(timings) < 3:
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timings.append((time.perf_counter() - start) * 1000)
+    return timings
+
+
+def _point(
+    batch: int, variant: str, precision: str, timings: list[float], device: torch.device
+) -> ProfilePoint:
+    median = statistics.median(timings)
+    return ProfilePoint(
+        batch_size=batch,
+        variant=variant,
+        precision=precision,
+        latency_ms_median=round(median, 3),
+        latency_ms_p10=round(percentile(timings, 10), 3),
+        latency_ms_p90=round(percentile(timings, 90), 3),
+        ms_per_item=round(median / batch, 4),
+        items_per_second=round(batch * 1000 / median, 2),
+        peak_memory_mb=round(_peak_memory_mb(device), 1),
+    )
+
+
+def profile_batch(
+    loaded: LoadedHandler, inputs: list[bytes], batch: int, precision: str, seconds: float
+) -> list[ProfilePoint]:
+    """The handler and (for BaseHandler-style handlers) the model alone at one batch size."""
+    rows = [{"body": bytearray(inputs[i % len(inputs)])} for i in range(batch)]
+    context = loaded.context
+    context.start_batch([f"p{i}" for i in range(batch)], [{} for _ in range(batch)])
+
+    def whole() -> Any:
+        with _precision(loaded.device, precision), torch.inference_mode():
+            return loaded.entry(rows, context)
+
+    points = [
+        _point(batch, "handler", precision, _time(whole, seconds, loaded.device), loaded.device)
+    ]
+    service = loaded.service
+    if (
+        service is not None
+        and hasattr(service, "preprocess")
+        and getattr(service, "model", None) is not None
+    ):
+        tensor = service.preprocess(rows)
+
+        def model_alone() -> Any:
+            with _precision(loaded.device, precision), torch.inference_mode():
+                return service.model(tensor)
+
+        timings = _time(model_alone, seconds, loaded.device)
+        points.append(_point(batch, "model", precision, timings, loaded.device))
+    return points
+
+
+def doubling(limit: int = 1024) -> Iterator[int]:
+    """1, 2, 4, ... up to ``limit``; ``profile`` stops earlier when it stops paying."""
+    size = 1
+    while size <= limit:
+        yield size
+        size *= 2
+
+
+def profile(
+    loaded: LoadedHandler,
+    inputs: list[bytes],
+    batch_sizes: list[int] | None,
+    precisions: list[str],
+    seconds: float,
+    on_point: Callable[[ProfilePoint], None] = lambda point: None,
+) -> list[ProfilePoint]:
+    """Every (precision, batch size) point. Without explicit batch sizes, double from 1
+    until memory runs out or the handler's time per item stops improving (less than 3%
+    better twice in a row)."""
+    points: list[ProfilePoint] = []
+    for precision in precisions:
+        best, flat = float("inf"), 0
+        for batch in batch_sizes or doubling():
+            try:
+                measured = profile_batch(loaded, inputs, batch, precision, seconds)
+            except (torch.OutOfMemoryError, MemoryError) as exc:
+                if batch_sizes:
+                    raise
+                print(
+                    f"batch size {batch}: out of memory ({type(exc).__name__}); stopping",
+                    file=sys.stderr,
+                )
+                break
+            for point in measured:
+                on_point(point)
+            points.extend(measured)
+            per_item = measured[0].ms_per_item
+            flat = flat + 1 if per_item * MIN_GAIN > best else 0
+            best = min(best, per_item)
+            if batch_sizes is None and flat >= 2:
+                break
+    return points

@@ -1,0 +1,77 @@
+"""``ferry bench profile`` on the demo model: table, CSV, JSON and PNG."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.models import DEMO_STORE
+
+pytestmark = pytest.mark.e2e
+FERRY = [str(Path(sys.executable).parent / "ferry")]
+SAMPLES = DEMO_STORE.parent / "samples"
+
+
+def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
+    inputs = f"{SAMPLES / 'star.png'},{SAMPLES / 'circle.png'}"
+    run = subprocess.run(
+        [
+            *FERRY,
+            "bench",
+            "profile",
+            str(DEMO_STORE / "shapes.mar"),
+            "--input",
+            inputs,
+            "--batch-sizes",
+            "1,2,4",
+            "--precision",
+            "fp32,bf16",
+            "--seconds",
+            "0.2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "ms/item" in run.stdout
+    with open(tmp_path / "profile.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert (tmp_path / "profile.csv").read_text().startswith("batch_size,")
+    keys = {(r["batch_size"], r["variant"], r["precision"]) for r in rows}
+    assert keys == {
+        (str(b), v, p) for b in (1, 2, 4) for v in ("handler", "model") for p in ("fp32", "bf16")
+    }
+    assert all(float(r["items_per_second"]) > 0 and float(r["peak_memory_mb"]) > 0 for r in rows)
+    document = json.loads((tmp_path / "profile.json").read_text())
+    assert document["model"] == "shapes.mar" and len(document["points"]) == len(rows)
+    assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_refuses_bad_arguments(tmp_path: Path) -> None:
+    png = str(SAMPLES / "star.png")
+    for extra, message in (
+        (["--batch-sizes", "0,2"], "positive"),
+        (["--precision", "fp8"], "unknown precision"),
+    ):
+        run = subprocess.run(
+            [*FERRY, "bench", "profile", str(DEMO_STORE / "shapes.mar"), "--input", png, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2 and message in run.stderr
+    missing = subprocess.run(
+        [*FERRY, "bench", "profile", str(tmp_path / "none.mar"), "--input", png],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "not found" in missing.stderr

@@ -1,0 +1,63 @@
+"""The automatic batch-size search of ``ferry bench profile``, on a fake latency model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ferry.bench import profile as profiling
+from ferry.bench.profile import ProfilePoint
+
+
+def _fake(per_item: dict[int, float], oom_from: int | None = None) -> Any:
+    def measure(
+        loaded: Any, inputs: Any, batch: int, precision: str, seconds: float
+    ) -> list[ProfilePoint]:
+        if oom_from is not None and batch >= oom_from:
+            raise torch.OutOfMemoryError("fake")
+        ms = per_item[batch] * batch
+        return [
+            ProfilePoint(
+                batch,
+                "handler",
+                precision,
+                ms,
+                ms,
+                ms,
+                per_item[batch],
+                1000 / per_item[batch],
+                1.0,
+            )
+        ]
+
+    return measure
+
+
+CURVE = {1: 10.0, 2: 6.0, 4: 4.0, 8: 3.5, 16: 3.45, 32: 3.44, 64: 3.0, 128: 2.0}
+
+
+def test_doubles_until_time_per_item_stops_improving(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiling, "profile_batch", _fake(CURVE))
+    points = profiling.profile(None, [b""], None, ["fp32"], 0.1)  # type: ignore[arg-type]
+    assert [p.batch_size for p in points] == [1, 2, 4, 8, 16, 32]
+
+
+def test_stops_when_memory_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiling, "profile_batch", _fake(CURVE, oom_from=8))
+    points = profiling.profile(None, [b""], None, ["fp32", "bf16"], 0.1)  # type: ignore[arg-type]
+    assert [(p.precision, p.batch_size) for p in points] == [
+        ("fp32", 1),
+        ("fp32", 2),
+        ("fp32", 4),
+        ("bf16", 1),
+        ("bf16", 2),
+        ("bf16", 4),
+    ]
+
+
+def test_explicit_batch_sizes_are_all_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiling, "profile_batch", _fake(CURVE))
+    points = profiling.profile(None, [b""], [1, 64, 128], ["fp32"], 0.1)  # type: ignore[arg-type]
+    assert [p.batch_size for p in points] == [1, 64, 128]
