@@ -56,6 +56,31 @@ def add_parser(commands: Any) -> None:
     profile.add_argument("--out", type=Path, help="folder for profile.csv/.json/.png")
     profile.set_defaults(run=run_profile_command)
 
+    sweep = tools.add_parser(
+        "sweep",
+        help="batch size x delay x workers x concurrency, a fresh server each",
+        description="SPEC.yaml keys: model, input, content_type, batch_size, max_batch_delay, "
+        "workers, concurrency (lists), requests or duration, server (ferry or torchserve).",
+    )
+    sweep.add_argument("spec", type=Path)
+    sweep.add_argument("--out", type=Path, default=Path("sweep-results"))
+    sweep.set_defaults(run=run_sweep_command)
+
+    tune = tools.add_parser(
+        "tune", help="highest throughput whose p99 meets an SLO; writes model-config.yaml"
+    )
+    tune.add_argument("model", type=Path, help="a .mar, .tar.gz or model folder")
+    tune.add_argument("--slo-p99", required=True, help="e.g. 100ms or 0.1s")
+    tune.add_argument("--input", required=True, help="comma-separated request bodies")
+    tune.add_argument("--content-type", default="application/octet-stream")
+    tune.add_argument("--batch-sizes", default="1,2,4,8,16")
+    tune.add_argument("--delays", default="5,20", help="max_batch_delay values (ms)")
+    tune.add_argument("--workers", default=None, help="default: 1 and the core count")
+    tune.add_argument("--concurrency", default="1,2,4,8,16,32")
+    tune.add_argument("--requests", type=int, default=200, help="per measurement")
+    tune.add_argument("--out", type=Path, default=Path("tune-results"))
+    tune.set_defaults(run=run_tune_command)
+
 
 def _default_metrics_url(url: str) -> str | None:
     parts = urlsplit(url)
@@ -115,10 +140,10 @@ def run_load_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
+def _int_list(text: str, minimum: int = 1) -> list[int]:
     values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or any(v < 1 for v in values):
-        raise ValueError("batch sizes must be positive integers")
+    if not values or any(v < minimum for v in values):
+        raise ValueError(f"expected comma-separated integers >= {minimum}, got {text!r}")
     return values
 
 
@@ -161,4 +186,138 @@ def run_profile_command(args: argparse.Namespace) -> int:
     if args.out is not None:
         for path in write_reports(points, args.out, args.model.name):
             print(path)
+    return 0
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    from ferry.bench.sweep import SweepSpec, run_sweep
+    from ferry.bench.sweep_report import write_sweep_reports
+    from ferry.errors import ConfigError
+
+    try:
+        spec = SweepSpec.read(args.spec)
+    except ConfigError as error:
+        print(f"ferry bench sweep: {error.message}", file=sys.stderr)
+        return 2
+    total = len(spec.configurations()) * len(spec.concurrency)
+    done = []
+
+    def report(row: dict[str, Any]) -> None:
+        done.append(row)
+        print(
+            f"[{len(done)}/{total}] batch {row['Batch size']} delay {row['Batch delay']} "
+            f"workers {row['Workers']} c{row['Concurrency']}: {row['Throughput']} req/s, "
+            f"p99 {row['Latency P99']} ms",
+            file=sys.stderr,
+        )
+
+    try:
+        rows = run_sweep(spec, args.out, report)
+    except RuntimeError as exc:
+        print(f"ferry bench sweep: {exc}", file=sys.stderr)
+        return 1
+    for path in write_sweep_reports(rows, args.out, spec.model.name):
+        print(path)
+    return 0
+
+
+def _duration_ms(text: str) -> float:
+    value = text.strip().lower()
+    for suffix, scale in (("ms", 1.0), ("s", 1000.0)):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * scale
+    return float(value)
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    import contextlib
+    import itertools
+
+    from ferry.bench.servers import ServerConfig, model_identity, start_server
+    from ferry.bench.sweep import SweepSpec, measure
+    from ferry.bench.sweep_report import markdown_table, plot_throughput_against_p99, write_csv
+    from ferry.bench.tune import Trial, model_config_yaml, search
+    from ferry.config.settings import available_cores
+
+    try:
+        slo_ms = _duration_ms(args.slo_p99)
+        batch_sizes, delays = _int_list(args.batch_sizes), _int_list(args.delays, minimum=0)
+        workers = _int_list(args.workers) if args.workers else sorted({1, available_cores()})
+        concurrencies = _int_list(args.concurrency)
+        inputs = [Path(p).resolve() for p in args.input.split(",") if p]
+        if slo_ms <= 0 or not all(p.is_file() for p in inputs):
+            raise ValueError("the SLO must be positive and every input a file")
+    except ValueError as exc:
+        print(f"ferry bench tune: {exc}", file=sys.stderr)
+        return 2
+    model = args.model.resolve()
+    name, _ = model_identity(model)
+    spec = SweepSpec(
+        model,
+        inputs,
+        args.content_type,
+        batch_sizes,
+        delays,
+        workers,
+        concurrencies,
+        args.requests,
+        None,
+        "ferry",
+    )
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        current: dict[str, Any] = {}
+
+        def evaluate(config: ServerConfig, concurrency: int) -> Trial:
+            if current.get("config") != config:
+                stack.close()  # the previous configuration's server
+                folder = (
+                    args.out
+                    / "servers"
+                    / f"b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}"
+                )
+                current["server"] = stack.enter_context(
+                    start_server("ferry", model, config, folder)
+                )
+                current["config"] = config
+            server = current["server"]
+            row = measure(server.inference_url, server.metrics_url, name, spec, concurrency, config)
+            rows.append(row)
+            print(
+                f"batch {config.batch_size} delay {config.max_batch_delay} workers "
+                f"{config.workers} c{concurrency}: {row['Throughput']} req/s, p99 "
+                f"{row['Latency P99']} ms",
+                file=sys.stderr,
+            )
+            p99 = row["Latency P99"] if row["Latency P99"] is not None else float("inf")
+            return Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
+
+        configs = [
+            ServerConfig(b, d, w) for b, d, w in itertools.product(batch_sizes, delays, workers)
+        ]
+        result = search(evaluate, configs, concurrencies, slo_ms)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.out / "tune.csv")
+    plot_throughput_against_p99(rows, args.out / "tune.png", model.name, slo_ms)
+    if result.best is None:
+        print(f"no configuration met p99 <= {slo_ms:g} ms; see {args.out / 'tune.csv'}")
+        return 1
+    (args.out / "model-config.yaml").write_text(model_config_yaml(result.best, slo_ms))
+    ranked = [result.best, *result.runners_up]
+    table = [
+        {
+            "rank": i + 1,
+            "Batch size": t.config.batch_size,
+            "Batch delay": t.config.max_batch_delay,
+            "Workers": t.config.workers,
+            "Concurrency": t.concurrency,
+            "Throughput": t.throughput,
+            "Latency P99": t.p99_ms,
+        }
+        for i, t in enumerate(ranked)
+    ]
+    text = markdown_table(table, list(table[0]))
+    (args.out / "tune.md").write_text(f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{text}\n")
+    print(text)
+    print(f"wrote {args.out / 'model-config.yaml'}")
     return 0

@@ -24,5 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level="INFO", format=PLAIN_FORMAT, stream=sys.stderr)
+    for chatty in ("httpx", "matplotlib"):  # per-request and font-cache lines
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     result: int = args.run(args)
     return result

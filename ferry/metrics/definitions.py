@@ -17,6 +17,9 @@ from ferry.metrics.prometheus import Child, Family, render
 from ferry.procinfo import cpu_seconds, resident_bytes
 
 LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
     0.001,
     0.0025,
     0.005,

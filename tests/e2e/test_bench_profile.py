@@ -58,7 +58,7 @@ def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
 def test_profile_refuses_bad_arguments(tmp_path: Path) -> None:
     png = str(SAMPLES / "star.png")
     for extra, message in (
-        (["--batch-sizes", "0,2"], "positive"),
+        (["--batch-sizes", "0,2"], ">= 1"),
         (["--precision", "fp8"], "unknown precision"),
     ):
         run = subprocess.run(

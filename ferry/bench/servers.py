@@ -1,0 +1,157 @@
+"""Start a fresh model server for one configuration: Ferry, or TorchServe when installed.
+
+Both read the same config.properties, whose ``models`` JSON sets the batch size, batch
+delay and workers, so one spec drives either server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ferry.store.archive import open_model
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    batch_size: int
+    max_batch_delay: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class StartedServer:
+    inference_url: str
+    metrics_url: str | None
+    log_path: Path
+
+
+def _free_port() -> int:
+    # TorchServe cannot report a port it picked itself, so ask the OS for one first.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def model_identity(model: Path) -> tuple[str, str]:
+    """The model's name and version, from its manifest."""
+    with tempfile.TemporaryDirectory() as work:
+        archive = open_model(model.parent, model.name, Path(work))
+        return archive.name, archive.version
+
+
+def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[str, int]) -> Path:
+    name, version = model_identity(model)
+    models = {
+        name: {
+            version: {
+                "marName": model.name,
+                "minWorkers": config.workers,
+                "maxWorkers": config.workers,
+                "batchSize": config.batch_size,
+                "maxBatchDelay": config.max_batch_delay,
+                "responseTimeout": 300,
+                "defaultVersion": True,
+            }
+        }
+    }
+    lines = [
+        f"inference_address=http://127.0.0.1:{ports['inference']}",
+        f"management_address=http://127.0.0.1:{ports['management']}",
+        f"metrics_address=http://127.0.0.1:{ports['metrics']}",
+        f"model_store={model.parent}",
+        f"load_models={name}",
+        f"models={json.dumps(models)}",
+        "disable_token_authorization=true",
+        "job_queue_size=1000",
+    ]
+    path = folder / "config.properties"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _wait_healthy(
+    url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: see {log_path}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)  # polling the health endpoint of a starting server
+    raise RuntimeError(f"server not healthy within {timeout:.0f}s: see {log_path}")
+
+
+@contextlib.contextmanager
+def start_server(
+    kind: str, model: Path, config: ServerConfig, folder: Path
+) -> Iterator[StartedServer]:
+    """``kind`` is ``ferry`` or ``torchserve``; the server is stopped on exit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ports = {api: _free_port() for api in ("inference", "management", "metrics")}
+    properties = write_config(folder, model, config, ports)
+    log_path = folder / "server.log"
+    if kind == "ferry":
+        argv = [
+            sys.executable,
+            "-m",
+            "ferry",
+            "serve",
+            "--ts-config",
+            str(properties),
+            "--access-log",
+            "false",
+        ]
+    elif kind == "torchserve":
+        executable = shutil.which("torchserve")
+        if executable is None:
+            raise RuntimeError("torchserve is not installed (see benchmarks/README.md)")
+        argv = [
+            executable,
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--ts-config",
+            str(properties),
+            "--model-store",
+            str(model.parent),
+        ]
+    else:
+        raise ValueError(f"unknown server {kind!r}")
+    url = f"http://127.0.0.1:{ports['inference']}"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=folder,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(url, process, log_path, timeout=300)
+        metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
+        yield StartedServer(url, metrics, log_path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,77 @@
+"""The tuner on a fake latency model, and sweep spec validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ferry.bench.servers import ServerConfig
+from ferry.bench.sweep import SweepSpec
+from ferry.bench.tune import Trial, model_config_yaml, search
+from ferry.errors import ConfigError
+
+
+def fake_server(config: ServerConfig, concurrency: int) -> Trial:
+    """A queueing caricature: a batch costs 4 ms + 1 ms per item per worker; batches fill up
+    to the concurrency; latency grows with the requests queued ahead."""
+    batch = min(config.batch_size, concurrency)
+    batch_ms = 4 + batch
+    capacity = config.workers * batch * 1000 / batch_ms
+    throughput = min(capacity, concurrency * 1000 / batch_ms)
+    p99 = batch_ms * (1 + concurrency / (config.workers * batch)) + config.max_batch_delay / 4
+    return Trial(config, concurrency, throughput, p99)
+
+
+GRID = [ServerConfig(b, d, w) for b in (1, 4, 16) for d in (5, 50) for w in (1, 2)]
+
+
+def test_tuner_picks_the_fastest_configuration_within_the_slo() -> None:
+    calls: list[tuple[ServerConfig, int]] = []
+
+    def evaluate(config: ServerConfig, concurrency: int) -> Trial:
+        calls.append((config, concurrency))
+        return fake_server(config, concurrency)
+
+    result = search(evaluate, GRID, [1, 2, 4, 8, 16, 32, 64], slo_ms=60)
+    exhaustive = [fake_server(c, n) for c in GRID for n in (1, 2, 4, 8, 16, 32, 64)]
+    expected = max((t for t in exhaustive if t.p99_ms <= 60), key=lambda t: t.throughput)
+    assert result.best == expected
+    assert result.best.config == ServerConfig(16, 5, 2)
+    assert len(calls) < len(exhaustive)  # stopped raising load once p99 broke the SLO
+    assert len(result.runners_up) == 3
+    assert all(t.throughput <= result.best.throughput for t in result.runners_up)
+    assert len({t.config for t in result.runners_up}) == 3
+
+
+def test_errors_or_impossible_slos_choose_nothing() -> None:
+    failing = search(lambda c, n: Trial(c, n, 100.0, 1.0, error_rate=0.1), GRID[:2], [1], 60)
+    assert failing.best is None
+    impossible = search(fake_server, GRID, [1, 2], slo_ms=0.5)
+    assert impossible.best is None and len(impossible.trials) == len(GRID)
+
+
+def test_model_config_yaml_for_the_choice() -> None:
+    text = model_config_yaml(Trial(ServerConfig(8, 10, 2), 16, 123.4, 45.6), 100)
+    assert "batchSize: 8\nmaxBatchDelay: 10\n" in text and "minWorkers: 2" in text
+    assert text.startswith("# Chosen by ferry bench tune: 123.4 requests/s")
+
+
+def test_sweep_spec_reading_and_validation(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(
+        "model: m.mar\ninput: [a.jpg, b.jpg]\nbatch_size: [1, 8]\nconcurrency: 4\nduration: 2\n"
+    )
+    spec = SweepSpec.read(spec_file)
+    assert spec.model == tmp_path / "m.mar" and [p.name for p in spec.inputs] == ["a.jpg", "b.jpg"]
+    assert spec.batch_size == [1, 8] and spec.concurrency == [4] and spec.workers == [1]
+    assert spec.duration == 2 and spec.requests is None and len(spec.configurations()) == 2
+    for bad, message in (
+        ("input: a\n", "model"),
+        ("model: m\ninput: a\nbatch_size: [0]\n", "batch_size"),
+        ("model: m\ninput: a\nrequests: 1\nduration: 1\n", "not both"),
+        ("model: m\ninput: a\nserver: triton\n", "server"),
+    ):
+        spec_file.write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            SweepSpec.read(spec_file)
