@@ -73,7 +73,7 @@ def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[st
         f"management_address=http://127.0.0.1:{ports['management']}",
         f"metrics_address=http://127.0.0.1:{ports['metrics']}",
         f"model_store={model.parent}",
-        f"load_models={name}",
+        f"load_models={model.name}",
         f"models={json.dumps(models)}",
         "disable_token_authorization=true",
         "job_queue_size=1000",
@@ -118,7 +118,8 @@ def start_server(
             "false",
         ]
     elif kind == "torchserve":
-        executable = shutil.which("torchserve")
+        # TORCHSERVE_BIN_DIR: the bin folder of a virtual environment holding TorchServe.
+        executable = shutil.which("torchserve", path=os.environ.get("TORCHSERVE_BIN_DIR"))
         if executable is None:
             raise RuntimeError("torchserve is not installed (see benchmarks/README.md)")
         argv = [
@@ -134,9 +135,13 @@ def start_server(
     else:
         raise ValueError(f"unknown server {kind!r}")
     url = f"http://127.0.0.1:{ports['inference']}"
+    # TorchServe starts its Python workers with the `python` on PATH: make it the one
+    # from TorchServe's own environment.
+    path = f"{Path(argv[0]).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             argv,
+            env={**os.environ, "PATH": path},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -148,10 +153,23 @@ def start_server(
         metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
         yield StartedServer(url, metrics, log_path)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
+    """Stop the server and every process it started (TorchServe's JVM and workers), and
+    wait until they are gone: TorchServe refuses to start while another is running."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        process.poll()
         try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)  # polling for the process group to disappear
+    else:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    process.wait()

@@ -75,3 +75,20 @@ def test_sweep_spec_reading_and_validation(tmp_path: Path) -> None:
         spec_file.write_text(bad)
         with pytest.raises(ConfigError, match=message):
             SweepSpec.read(spec_file)
+
+
+def test_server_config_properties_drive_batch_settings(tmp_path: Path) -> None:
+    from ferry.bench.servers import write_config
+    from ferry.config.sources import load_settings
+    from tests.fixtures.models import digest_archive
+
+    store = tmp_path / "store"
+    store.mkdir()
+    model = store / digest_archive(store, "echo", version="3.0")
+    ports = {"inference": 1001, "management": 1002, "metrics": 1003}
+    properties = write_config(tmp_path, model, ServerConfig(8, 25, 2), ports)
+    settings = load_settings({}, {}, properties)
+    assert settings.models == ("echo.mar",) and settings.model_store == store
+    assert settings.inference_address.port == 1001 and settings.disable_token_authorization
+    version = settings.model_overrides["echo"]["3.0"]
+    assert (version["batchSize"], version["maxBatchDelay"], version["minWorkers"]) == (8, 25, 2)
