@@ -133,3 +133,11 @@ def time_batches(
         run(rows)
         timings.append(time.perf_counter() - start)
     return timings
+
+
+def publish(path: Path, lines: list[str]) -> None:
+    """Write a results page and print it."""
+    text = "\n".join(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    print(text)

@@ -29,6 +29,7 @@ from benchmarks.common import (
     machine_description,
     noop_archive,
     offline_handler,
+    publish,
     resnet18_archive,
     time_batches,
 )
@@ -114,10 +115,7 @@ def run(args: argparse.Namespace) -> None:
             rounds.append(Round(pair["ips"], pair["b1"], pair["server"], pair["c1"], noop_rps))
             print(f"round {index + 1}: {rounds[-1]}", flush=True)
 
-    report = render(args, sweep, best, rounds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    print(report)
+    publish(args.out, render(args, sweep, best, rounds).splitlines())
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import jpeg_inputs, machine_description, noop_archive, resnet18_archive
+from benchmarks.common import (
+    jpeg_inputs,
+    machine_description,
+    noop_archive,
+    publish,
+    resnet18_archive,
+)
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.servers import ServerConfig, start_server
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -132,9 +138,7 @@ def write_report(args, cases, results) -> None:  # type: ignore[no-untyped-def]
             f"{med([r[2] for r in ferry]):.1f} | {med([r[2] for r in ts]):.1f} |"
         )
     lines.append("")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    publish(args.out, lines)
 
 
 if __name__ == "__main__":

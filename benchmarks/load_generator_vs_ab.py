@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_description, noop_archive
+from benchmarks.common import machine_description, noop_archive, publish
 from tests.fixtures.server import ferry_server
 
 FERRY = str(Path(sys.executable).parent / "ferry")
@@ -133,9 +133,7 @@ def main() -> None:
         + ".",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    publish(args.out, lines)
 
 
 if __name__ == "__main__":

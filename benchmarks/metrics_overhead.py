@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_description, noop_archive
+from benchmarks.common import machine_description, noop_archive, publish
 from ferry.bench.load import run_closed_loop
 from ferry.metrics.definitions import FerryMetrics
 from tests.fixtures.server import ferry_server
@@ -109,9 +109,7 @@ def main() -> None:
         "counter).",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    publish(args.out, lines)
 
 
 if __name__ == "__main__":
