@@ -7,6 +7,7 @@ batch is still classified.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -30,12 +31,18 @@ class VisionHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
         self.transform = ImageTransform()
-        self.failures: dict[int, Exception] = {}
+        self._local = threading.local()  # preprocess may run in several pipeline threads
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
         settings = context.model_yaml_config.get("image_classifier") or {}
         self.transform = ImageTransform.from_config(settings)
+
+    @property
+    def failures(self) -> dict[int, Exception]:
+        """Requests of the last ``preprocess`` call (in this thread) that could not be decoded."""
+        failures: dict[int, Exception] = getattr(self._local, "failures", {})
+        return failures
 
     def _decode_one(self, row: dict[str, Any]) -> torch.Tensor:
         image = self.transform.decode(image_bytes(row))
@@ -46,13 +53,14 @@ class VisionHandler(BaseHandler):
 
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor | None:
         """Stack the decodable images; remember which requests failed and why."""
-        self.failures = {}
+        failures: dict[int, Exception] = {}
+        self._local.failures = failures
         tensors = []
         for index, row in enumerate(data):
             try:
                 tensors.append(self._decode_one(row))
             except InvalidInput as exc:
-                self.failures[index] = exc
+                failures[index] = exc
         if not tensors:
             return None
         batch = torch.stack(tensors)
@@ -68,7 +76,8 @@ class VisionHandler(BaseHandler):
         if batch is not None:
             output = timed_stage(context, "inference", self.inference, batch)
             answers = iter(timed_stage(context, "postprocess", self.postprocess, output))
-        results = [self.failures.get(i) or next(answers) for i in range(len(data))]
+        failures = self.failures
+        results = [failures.get(i) or next(answers) for i in range(len(data))]
         context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
         return results
 

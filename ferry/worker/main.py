@@ -50,6 +50,7 @@ def _prepare_imports(model_dir: str) -> None:
 def _load(spec: WorkerSpec):  # type: ignore[no-untyped-def]
     from ferry.handlers.context import Context
     from ferry.handlers.loader import load_entry_point
+    from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
     from ferry.worker.runner import BatchRunner
 
     context = Context(
@@ -60,7 +61,18 @@ def _load(spec: WorkerSpec):  # type: ignore[no-untyped-def]
         spec.gpu_id,
         model_yaml_config=spec.model_yaml_config,
     )
-    return BatchRunner(load_entry_point(spec.handler, context), context)
+    entry = load_entry_point(spec.handler, context)
+    pipeline = PipelineSettings.from_model_config(spec.model_yaml_config)
+    if pipeline is not None:
+        handler = staged_handler(entry)
+        if handler is None:
+            log.warning(
+                "micro_batching ignored: the handler has no preprocess/inference/postprocess"
+            )
+        else:
+            log.info("stage pipeline on: %s", pipeline)
+            entry = StagePipeline(handler, pipeline).handle
+    return BatchRunner(entry, context)
 
 
 def serve(sock: socket.socket, spec: WorkerSpec) -> int:

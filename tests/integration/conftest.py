@@ -22,6 +22,13 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         f"digest={digest_archive(store, 'digest', batchSize=8, maxBatchDelay=50)}",
         f"victim={digest_archive(store, 'victim', batchSize=4, maxBatchDelay=5)}",
         f"doubler={ts_style_archive(store)}",
+        "pipelined="
+        + ts_style_archive(
+            store,
+            name="pipelined",
+            batchSize=8,
+            micro_batching={"micro_batch_size": 2, "parallelism": {"preprocess": 2}},
+        ),
     ]
     shutil.copy(DEMO_STORE / "shapes.mar", store / "shapes.mar")
     models.append("shapes=shapes.mar")

@@ -40,3 +40,22 @@ def test_torchserve_style_handler_batches(main_server: RunningServer) -> None:
 
 def test_ferry_installs_no_top_level_ts_package() -> None:
     assert importlib.util.find_spec("ts") is None
+
+
+def test_micro_batching_pipeline_serves_a_plain_handler_unchanged(
+    main_server: RunningServer,
+) -> None:
+    payloads = [json.dumps([i, -i]).encode() for i in range(96)]
+    result = asyncio.run(
+        run_closed_loop(
+            f"{main_server.url}/predictions/pipelined",
+            payloads,
+            concurrency=16,
+            requests=len(payloads),
+            keep_bodies=True,
+        )
+    )
+    assert result.statuses == {200: 96}
+    for index, _, body in result.bodies:
+        assert json.loads(body) == [2.0 * index, -2.0 * index]
+    assert "stage pipeline on" in main_server.log()

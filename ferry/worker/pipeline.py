@@ -1,0 +1,151 @@
+"""The stage pipeline: a batch split into micro-batches whose preprocess and postprocess run
+in thread pools while inference runs, reassembled in order.
+
+Configured in model-config.yaml with TorchServe's keys::
+
+    micro_batching:
+      micro_batch_size: 4
+      parallelism: {preprocess: 2, inference: 1, postprocess: 1}
+
+Any handler with ``preprocess / inference / postprocess`` (a ``BaseHandler`` subclass) gets
+it without code changes. Decoding and resizing in PIL release the GIL, so threads overlap
+them with each other and with inference. At most ``preprocess`` + 1 micro-batches are
+prepared ahead of inference, so memory stays flat. An error in one micro-batch fails only
+its own requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ferry.errors import ConfigError
+from ferry.handlers.context import Context
+
+log = logging.getLogger("ferry.worker")
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    micro_batch_size: int
+    preprocess_threads: int
+    postprocess_threads: int
+
+    @classmethod
+    def from_model_config(cls, config: dict[str, Any]) -> PipelineSettings | None:
+        section = config.get("micro_batching")
+        if not section:
+            return None
+        if not isinstance(section, dict):
+            raise ConfigError("micro_batching must be a mapping")
+        parallelism = section.get("parallelism") or {}
+        try:
+            settings = cls(
+                int(section.get("micro_batch_size", 1)),
+                int(parallelism.get("preprocess", 1)),
+                int(parallelism.get("postprocess", 1)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"micro_batching: {exc}") from exc
+        if (
+            min(
+                settings.micro_batch_size, settings.preprocess_threads, settings.postprocess_threads
+            )
+            < 1
+        ):
+            raise ConfigError("micro_batching: sizes and parallelism must be at least 1")
+        return settings
+
+
+def staged_handler(entry: Callable[..., Any]) -> Any | None:
+    """The handler instance behind ``entry`` if it has the three stages, else None."""
+    service = getattr(entry, "__self__", None)
+    stages = ("preprocess", "inference", "postprocess")
+    return service if service is not None and all(hasattr(service, s) for s in stages) else None
+
+
+class StagePipeline:
+    """Runs one batch of handler rows through the three stages, micro-batch by micro-batch."""
+
+    def __init__(self, handler: Any, settings: PipelineSettings) -> None:
+        self.handler = handler
+        self.settings = settings
+        self._pre = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="pre")
+        self._post = ThreadPoolExecutor(settings.postprocess_threads, thread_name_prefix="post")
+
+    def _preprocess(
+        self, rows: list[Any], context: Context
+    ) -> tuple[Any, dict[int, Exception], float]:
+        start = time.perf_counter()
+        tensor = self.handler.preprocess(rows)
+        failures = dict(getattr(self.handler, "failures", {}) or {})
+        return tensor, failures, (time.perf_counter() - start) * 1000
+
+    def _postprocess(self, output: Any) -> tuple[list[Any], float]:
+        start = time.perf_counter()
+        results = self.handler.postprocess(output)
+        return list(results), (time.perf_counter() - start) * 1000
+
+    def handle(self, rows: list[Any], context: Context) -> list[Any]:
+        """One entry per row: an answer, or an exception for rows whose micro-batch failed."""
+        self.handler.context = context
+        size = self.settings.micro_batch_size
+        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+        ahead = self.settings.preprocess_threads + 1
+        pending: deque[Future[tuple[Any, dict[int, Exception], float]]] = deque()
+        submitted = 0
+        posts: list[
+            tuple[int, int, dict[int, Exception], Future[tuple[list[Any], float]] | Exception]
+        ] = []
+        for index in range(len(chunks)):
+            while submitted < len(chunks) and len(pending) < ahead:
+                pending.append(self._pre.submit(self._preprocess, chunks[submitted], context))
+                submitted += 1
+            first = index * size
+            try:
+                tensor, failures, pre_ms = pending.popleft().result()
+                context.add_stage_time("preprocess", pre_ms)
+                start = time.perf_counter()
+                output = self.handler.inference(tensor) if tensor is not None else None
+                context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
+            except Exception as exc:
+                log.exception("micro-batch %d failed", index)
+                posts.append((first, len(chunks[index]), {}, exc))
+                continue
+            future: Future[tuple[list[Any], float]] | Exception
+            if output is None:
+                future = Future()
+                future.set_result(([], 0.0))
+            else:
+                future = self._post.submit(self._postprocess, output)
+            posts.append((first, len(chunks[index]), failures, future))
+        return self._reassemble(posts, len(rows), context)
+
+    def _reassemble(self, posts: list[Any], total: int, context: Context) -> list[Any]:
+        results: list[Any] = [None] * total
+        for first, count, failures, outcome in posts:
+            if isinstance(outcome, Exception):
+                results[first : first + count] = [outcome] * count
+                continue
+            try:
+                answers, post_ms = outcome.result()
+                context.add_stage_time("postprocess", post_ms)
+            except Exception as exc:
+                results[first : first + count] = [exc] * count
+                continue
+            answers_iter = iter(answers)
+            for offset in range(count):
+                results[first + offset] = failures.get(offset) or next(answers_iter, None)
+            if any(results[first + o] is None for o in range(count)):
+                error = RuntimeError("postprocess returned fewer results than its micro-batch")
+                results[first : first + count] = [error] * count
+        return results
+
+    def close(self) -> None:
+        self._pre.shutdown(wait=False, cancel_futures=True)
+        self._post.shutdown(wait=False, cancel_futures=True)

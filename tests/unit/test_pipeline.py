@@ -1,0 +1,123 @@
+"""The worker's stage pipeline: order, error isolation, bounded look-ahead, configuration."""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from ferry.errors import ConfigError
+from ferry.handlers.context import Context
+from ferry.handlers.image_classifier import ImageClassifier
+from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
+
+
+class Recorder:
+    """A staged handler that squares numbers and records how far preprocessing ran ahead."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ready = 0
+        self.most_ready = 0
+        self.threads: set[str] = set()
+
+    def preprocess(self, rows: list[dict[str, Any]]) -> torch.Tensor:
+        values = [row["body"] for row in rows]
+        if "bad" in values:
+            raise ValueError("cannot preprocess 'bad'")
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            self.ready += 1
+            self.most_ready = max(self.most_ready, self.ready)
+        return torch.tensor(values, dtype=torch.float32)
+
+    def inference(self, batch: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            self.ready -= 1
+        return batch * batch
+
+    def postprocess(self, output: torch.Tensor) -> list[float]:
+        return output.tolist()
+
+    def handle(self, data: Any, context: Context) -> Any:
+        raise AssertionError("the pipeline calls the stages, not handle")
+
+
+def _context(size: int) -> Context:
+    context = Context("m", "/", {}, size, None)
+    context.start_batch([str(i) for i in range(size)], [{} for _ in range(size)])
+    return context
+
+
+def test_results_come_back_in_order_from_several_threads() -> None:
+    handler = Recorder()
+    pipeline = StagePipeline(handler, PipelineSettings(3, 2, 2))
+    rows = [{"body": i} for i in range(50)]
+    context = _context(50)
+    assert pipeline.handle(rows, context) == [float(i * i) for i in range(50)]
+    assert handler.threads and all(name.startswith("pre") for name in handler.threads)
+    assert handler.most_ready <= 2 + 1  # never more than parallelism + 1 micro-batches ahead
+    assert {"preprocess", "inference", "postprocess"} <= set(context.stage_ms)
+    pipeline.close()
+
+
+def test_an_error_fails_only_its_micro_batch() -> None:
+    pipeline = StagePipeline(Recorder(), PipelineSettings(2, 2, 1))
+    rows = [{"body": v} for v in (1, 2, "bad", 4, 5, 6)]
+    results = pipeline.handle(rows, _context(6))
+    assert results[:2] == [1.0, 4.0] and results[4:] == [25.0, 36.0]
+    assert all(isinstance(r, ValueError) for r in results[2:4])
+    pipeline.close()
+
+
+def _png(colour: tuple[int, int, int]) -> bytearray:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), colour).save(buffer, format="PNG")
+    return bytearray(buffer.getvalue())
+
+
+def test_image_classifier_keeps_per_request_decode_errors_in_the_pipeline(tmp_path: Any) -> None:
+    handler = ImageClassifier()
+    context = Context(
+        "m",
+        str(tmp_path),
+        {"model": {}},
+        8,
+        None,
+        model_yaml_config={"image_classifier": {"resize": 16, "crop": 16, "topk": 2}},
+    )
+    handler.initialize(context)
+    handler.model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 3))
+    assert staged_handler(handler.handle) is handler
+    pipeline = StagePipeline(handler, PipelineSettings(2, 2, 1))
+    rows = [
+        {"body": _png((255, 0, 0))},
+        {"body": bytearray(b"junk")},
+        {"body": _png((0, 0, 255))},
+        {"body": _png((0, 255, 0))},
+        {"body": bytearray(b"junk")},
+    ]
+    results = pipeline.handle(rows, _context(5))
+    assert [isinstance(r, Exception) for r in results] == [False, True, False, False, True]
+    assert all(isinstance(r, dict) and len(r) == 2 for r in (results[0], results[2], results[3]))
+    pipeline.close()
+
+
+def test_configuration() -> None:
+    assert PipelineSettings.from_model_config({}) is None
+    settings = PipelineSettings.from_model_config(
+        {"micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 3}}}
+    )
+    assert settings == PipelineSettings(4, 3, 1)
+    for bad in (
+        {"micro_batching": {"micro_batch_size": 0}},
+        {"micro_batching": {"micro_batch_size": "x"}},
+        {"micro_batching": [1]},
+    ):
+        with pytest.raises(ConfigError, match="micro_batching"):
+            PipelineSettings.from_model_config(bad)
+    assert staged_handler(lambda data, context: data) is None
