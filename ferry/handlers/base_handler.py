@@ -10,6 +10,13 @@ import torch
 
 from ferry.handlers.context import Context
 from ferry.handlers.model_loading import load_label_mapping, load_model, select_device
+from ferry.handlers.optimize import (
+    Optimizations,
+    finish_output,
+    optimize_model,
+    prepare_input,
+    warm_up,
+)
 
 
 class BaseHandler:
@@ -24,6 +31,7 @@ class BaseHandler:
         self.manifest: dict[str, Any] | None = None
         self.map_location: str | None = None
         self.model_pt_path: str | None = None
+        self.optimizations = Optimizations()
 
     def initialize(self, context: Context) -> None:
         """Pick the device, load the model from the manifest and ``index_to_name.json``."""
@@ -38,6 +46,10 @@ class BaseHandler:
         if serialized:
             self.model_pt_path = str(model_dir / serialized)
         self.model = load_model(model_dir, serialized, model_section.get("modelFile"), self.device)
+        self.optimizations = Optimizations.from_model_config(context.model_yaml_config)
+        if self.model is not None:
+            self.model = optimize_model(self.model, self.optimizations, self.device)
+            warm_up(self.model, self.optimizations, self.device)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
 
@@ -60,8 +72,14 @@ class BaseHandler:
         return torch.as_tensor(data, device=self.device)
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """The model on the batch: cast, laid out and padded to its bucket as configured;
+        padded rows are dropped from the output."""
         with torch.inference_mode():
-            return self.model(data.to(self.device), *args, **kwargs)
+            if not isinstance(data, torch.Tensor):
+                return self.model(data, *args, **kwargs)
+            batch, rows = prepare_input(data, self.optimizations, self._device())
+            output = self.model(batch, *args, **kwargs)
+            return finish_output(output, rows, batch.shape[0], self.optimizations)
 
     def postprocess(self, data: Any) -> list[Any]:
         result: list[Any] = data.tolist()

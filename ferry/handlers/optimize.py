@@ -1,0 +1,146 @@
+"""Model optimisations chosen in model-config.yaml, under ``optimization:``::
+
+    optimization:
+      precision: bf16            # fp32 (default), fp16 or bf16: weights and inputs cast
+      channels_last: true        # NHWC memory format for convolution models
+      compile: default           # torch.compile mode: default, reduce-overhead, max-autotune
+      torchscript_freeze: true   # TorchScript: torch.jit.freeze + optimize_for_inference
+      batch_buckets: [1, 2, 4, 8]  # pad each batch to the next bucket (compiled graphs reuse)
+      warmup:
+        input_shape: [3, 224, 224]
+        batch_sizes: [1, 8]      # run once at load, so the first requests are not slow
+
+Padded rows are cut from the model's output before postprocess ever sees them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ferry.errors import ConfigError
+
+log = logging.getLogger("ferry.handlers")
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class Optimizations:
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile_mode: str | None = None
+    torchscript_freeze: bool = False
+    batch_buckets: tuple[int, ...] = ()
+    warmup_shape: tuple[int, ...] = ()
+    warmup_batch_sizes: tuple[int, ...] = ()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.precision]
+
+    @classmethod
+    def from_model_config(cls, config: dict[str, Any]) -> Optimizations:
+        section = config.get("optimization") or {}
+        if not isinstance(section, dict):
+            raise ConfigError("optimization must be a mapping")
+        try:
+            return cls._parse(section)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"optimization: {exc}") from exc
+
+    @classmethod
+    def _parse(cls, section: dict[str, Any]) -> Optimizations:
+        precision = str(section.get("precision", "fp32")).lower()
+        if precision not in DTYPES:
+            raise ValueError(f"precision must be one of {', '.join(DTYPES)}, got {precision!r}")
+        compile_value = section.get("compile")
+        compile_mode = None
+        if compile_value:
+            compile_mode = "default" if compile_value is True else str(compile_value)
+            if compile_mode not in COMPILE_MODES:
+                raise ValueError(f"compile must be true or one of {', '.join(COMPILE_MODES)}")
+        buckets = tuple(sorted(int(b) for b in section.get("batch_buckets", ())))
+        warmup = section.get("warmup") or {}
+        if any(b < 1 for b in buckets):
+            raise ValueError("batch_buckets must be positive")
+        return cls(
+            precision=precision,
+            channels_last=bool(section.get("channels_last", False)),
+            compile_mode=compile_mode,
+            torchscript_freeze=bool(section.get("torchscript_freeze", False)),
+            batch_buckets=buckets,
+            warmup_shape=tuple(int(d) for d in warmup.get("input_shape", ())),
+            warmup_batch_sizes=tuple(int(b) for b in warmup.get("batch_sizes", ())),
+        )
+
+    def bucket_for(self, size: int) -> int:
+        """The smallest bucket holding ``size`` rows (``size`` itself beyond the largest)."""
+        index = bisect.bisect_left(self.batch_buckets, size)
+        return self.batch_buckets[index] if index < len(self.batch_buckets) else size
+
+
+def optimize_model(model: Any, options: Optimizations, device: torch.device) -> Any:
+    """Apply the chosen switches to a loaded model, in a safe order."""
+    if options.torchscript_freeze:
+        if not isinstance(model, torch.jit.ScriptModule):
+            raise ConfigError("optimization: torchscript_freeze needs a TorchScript model")
+        model = torch.jit.optimize_for_inference(torch.jit.freeze(model.eval()))
+    if options.precision != "fp32":
+        model = model.to(options.dtype)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if options.compile_mode is not None:
+        if isinstance(model, torch.jit.ScriptModule):
+            raise ConfigError("optimization: compile needs an eager or torch.export model")
+        model = torch.compile(model, mode=options.compile_mode)
+    return model
+
+
+def prepare_input(
+    batch: torch.Tensor, options: Optimizations, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """Cast, lay out and pad a batch; returns it and how many rows are real."""
+    rows = batch.shape[0]
+    target = options.bucket_for(rows)
+    if target > rows:
+        padding = batch[:1].expand(target - rows, *batch.shape[1:])
+        batch = torch.cat([batch, padding])
+    batch = batch.to(device, non_blocking=True)
+    if batch.is_floating_point() and options.precision != "fp32":
+        batch = batch.to(options.dtype)
+    if options.channels_last and batch.dim() == 4:
+        batch = batch.contiguous(memory_format=torch.channels_last)
+    return batch, rows
+
+
+def finish_output(output: Any, rows: int, padded: int, options: Optimizations) -> Any:
+    """Drop padded rows; half-precision outputs back to fp32 for postprocess."""
+    if isinstance(output, torch.Tensor):
+        if padded > rows and output.dim() > 0 and output.shape[0] == padded:
+            output = output[:rows]
+        if options.precision != "fp32" and output.is_floating_point():
+            output = output.float()
+        return output
+    if isinstance(output, (list, tuple)):
+        return type(output)(finish_output(item, rows, padded, options) for item in output)
+    if isinstance(output, dict):
+        return {key: finish_output(v, rows, padded, options) for key, v in output.items()}
+    return output
+
+
+def warm_up(model: Any, options: Optimizations, device: torch.device) -> None:
+    if not options.warmup_shape:
+        return
+    sizes = options.warmup_batch_sizes or options.batch_buckets or (1,)
+    with torch.inference_mode():
+        for size in sizes:
+            example = torch.zeros(size, *options.warmup_shape)
+            batch, _ = prepare_input(example, options, device)
+            model(batch)
+    log.info("warmed up at batch sizes %s", list(sizes))

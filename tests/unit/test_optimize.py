@@ -1,0 +1,149 @@
+"""Optimisation switches answer the same classes as fp32; bucketing never leaks padded rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ferry.errors import ConfigError
+from ferry.handlers.base_handler import BaseHandler
+from ferry.handlers.context import Context
+from ferry.handlers.optimize import Optimizations, warm_up
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    ).eval()
+
+
+EAGER = """
+from torch import nn
+
+
+class Net(nn.Sequential):
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(32, 10),
+        )
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as TorchScript (cnn.pt) and as eager state_dict (cnn_state.pt)."""
+    folder = tmp_path_factory.mktemp("model")
+    model = _cnn()
+    torch.jit.script(model).save(str(folder / "cnn.pt"))
+    torch.save(model.state_dict(), folder / "cnn_state.pt")
+    (folder / "cnn_net.py").write_text(EAGER)
+    return folder
+
+
+def _handler(model_dir: Path, eager: bool = False, **optimization: Any) -> BaseHandler:
+    handler = BaseHandler()
+    manifest = {"model": {"serializedFile": "cnn.pt"}}
+    if eager:
+        manifest = {"model": {"serializedFile": "cnn_state.pt", "modelFile": "cnn_net.py"}}
+    config = {"optimization": optimization} if optimization else {}
+    handler.initialize(Context("cnn", str(model_dir), manifest, 8, None, model_yaml_config=config))
+    return handler
+
+
+INPUT = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+SWITCHES = [
+    pytest.param({"precision": "bf16"}, 0.15, id="bf16"),
+    pytest.param({"precision": "fp16"}, 0.05, id="fp16"),
+    pytest.param({"channels_last": True}, 1e-4, id="channels_last"),
+    pytest.param({"torchscript_freeze": True}, 1e-4, id="torchscript_freeze"),
+    pytest.param({"batch_buckets": [4, 8]}, 1e-4, id="batch_buckets"),
+    pytest.param({"compile": "default", "eager": True}, 1e-4, id="compile"),
+]
+
+
+@pytest.mark.parametrize(("switch", "tolerance"), SWITCHES)
+def test_switch_answers_like_fp32(
+    model_dir: Path, switch: dict[str, Any], tolerance: float
+) -> None:
+    reference = _handler(model_dir).inference(INPUT)
+    output = _handler(model_dir, **switch).inference(INPUT)
+    assert torch.allclose(_handler(model_dir, eager=True).inference(INPUT), reference, atol=1e-5)
+    assert output.dtype == torch.float32 and output.shape == reference.shape
+    assert torch.equal(output.argmax(1), reference.argmax(1))
+    assert torch.allclose(output, reference, atol=tolerance * reference.abs().max().item())
+
+
+class _Recorder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.shapes.append(tuple(x.shape))
+        return x.flatten(1).sum(1, keepdim=True) + torch.arange(x.shape[0]).unsqueeze(1)
+
+
+def test_padded_rows_never_reach_postprocess() -> None:
+    handler = BaseHandler()
+    handler.model = recorder = _Recorder()
+    handler.device = torch.device("cpu")
+    handler.optimizations = Optimizations(batch_buckets=(4, 8))
+    out = handler.inference(torch.ones(3, 2))
+    assert recorder.shapes == [(4, 2)]  # the model ran on the bucket
+    assert out.tolist() == [[2.0], [3.0], [4.0]]  # only the three real rows come back
+    assert handler.inference(torch.ones(9, 2)).shape == (9, 1)  # beyond the largest bucket
+    assert recorder.shapes[-1] == (9, 2)
+    assert handler.postprocess(handler.inference(torch.ones(5, 2))) == [
+        [2.0],
+        [3.0],
+        [4.0],
+        [5.0],
+        [6.0],
+    ]
+
+
+def test_warm_up_runs_each_configured_batch_size() -> None:
+    recorder = _Recorder()
+    options = Optimizations(warmup_shape=(3, 8, 8), warmup_batch_sizes=(1, 4))
+    warm_up(recorder, options, torch.device("cpu"))
+    assert recorder.shapes == [(1, 3, 8, 8), (4, 3, 8, 8)]
+    warm_up(recorder, Optimizations(), torch.device("cpu"))  # nothing configured: no run
+    assert len(recorder.shapes) == 2
+
+
+def test_invalid_switches_name_the_section(model_dir: Path) -> None:
+    for bad in ({"precision": "fp8"}, {"compile": "fastest"}, {"batch_buckets": [0]}):
+        with pytest.raises(ConfigError, match="optimization"):
+            Optimizations.from_model_config({"optimization": bad})
+    with pytest.raises(ConfigError, match="compile needs an eager"):
+        _handler(model_dir, compile="default")
+    with pytest.raises(ConfigError, match="torchscript_freeze needs"):
+        _handler(model_dir, eager=True, torchscript_freeze=True)
+    handler = BaseHandler()
+    handler.initialize(
+        Context(
+            "cnn",
+            str(model_dir),
+            {"model": {"serializedFile": "cnn.pt"}},
+            1,
+            None,
+            model_yaml_config={},
+        )
+    )
+    assert handler.optimizations == Optimizations()
