@@ -27,6 +27,8 @@ class VisionHandler(BaseHandler):
     """
 
     image_processing: Any = None
+    config_section = "image_classifier"
+    """The model-config.yaml section holding resize / crop / mean / std."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +37,7 @@ class VisionHandler(BaseHandler):
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
-        settings = context.model_yaml_config.get("image_classifier") or {}
+        settings = context.model_yaml_config.get(self.config_section) or {}
         self.transform = ImageTransform.from_config(settings)
 
     @property

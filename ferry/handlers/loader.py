@@ -24,11 +24,17 @@ BUILTIN_HANDLERS = {
     "base_handler": "ferry.handlers.base_handler",
     "vision_handler": "ferry.handlers.image_classifier",
     "image_classifier": "ferry.handlers.image_classifier",
+    "image_segmenter": "ferry.handlers.vision_tasks",
+    "object_detector": "ferry.handlers.vision_tasks",
+    "image_embedder": "ferry.handlers.vision_tasks",
 }
 _BUILTIN_CLASSES = {
     "base_handler": "BaseHandler",
     "vision_handler": "VisionHandler",
     "image_classifier": "ImageClassifier",
+    "image_segmenter": "ImageSegmenter",
+    "object_detector": "ObjectDetector",
+    "image_embedder": "ImageEmbedder",
 }
 
 

@@ -1,0 +1,3 @@
+from ferry.handlers.vision_tasks import ImageSegmenter
+
+__all__ = ["ImageSegmenter"]

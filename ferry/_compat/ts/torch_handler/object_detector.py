@@ -1,0 +1,3 @@
+from ferry.handlers.vision_tasks import ObjectDetector
+
+__all__ = ["ObjectDetector"]
