@@ -65,6 +65,10 @@ def load_model(
     if weights is not None and not weights.is_file():
         raise ArchiveError(f"serialized file {serialized_file!r} not found in the archive")
     model: Any
+    if weights is not None and weights.suffix == ".onnx":
+        from ferry.handlers.onnx_model import OnnxModel
+
+        return OnnxModel(weights, device)  # type: ignore[return-value]
     if weights is not None and weights.suffix == ".pt2":
         model = torch.export.load(str(weights)).module()
     elif model_file:

@@ -147,3 +147,32 @@ def test_invalid_switches_name_the_section(model_dir: Path) -> None:
         )
     )
     assert handler.optimizations == Optimizations()
+
+
+def test_onnx_model_answers_like_torch(tmp_path: Path) -> None:
+    import warnings
+
+    from ferry.handlers.model_loading import load_model, select_device
+    from ferry.handlers.onnx_model import OnnxModel
+
+    model = _cnn()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (INPUT[:2],),
+            str(tmp_path / "cnn.onnx"),
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            dynamo=False,
+        )
+    loaded = load_model(tmp_path, "cnn.onnx", None, select_device(None))
+    assert isinstance(loaded, OnnxModel) and loaded.providers == ["CPUExecutionProvider"]
+    with torch.inference_mode():
+        expected = model(INPUT)
+    assert torch.allclose(loaded(INPUT), expected, atol=1e-4)
+    handler = BaseHandler()
+    handler.model, handler.device = loaded, torch.device("cpu")
+    handler.optimizations = Optimizations(batch_buckets=(8,))
+    assert torch.allclose(handler.inference(INPUT[:3]), expected[:3], atol=1e-4)
