@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
 from ferry.store.archive import open_model
 
@@ -30,6 +31,8 @@ class ServerConfig:
     batch_size: int
     max_batch_delay: int
     workers: int
+    precision: str = "fp32"
+    """Ferry's ``optimization: precision``; other values than fp32 serve a patched copy."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,24 @@ def model_identity(model: Path) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as work:
         archive = open_model(model.parent, model.name, Path(work))
         return archive.name, archive.version
+
+
+def with_precision(model: Path, precision: str, store: Path) -> Path:
+    """A folder copy of the model whose model-config.yaml asks for ``precision``."""
+    with tempfile.TemporaryDirectory() as work:
+        archive = open_model(model.parent, model.name, Path(work))
+        target = store / f"{archive.name}-{precision}"
+        shutil.copytree(archive.model_dir, target, dirs_exist_ok=True)
+    config_name = archive.manifest.config_file or "model-config.yaml"
+    document = dict(archive.config.raw)
+    document["optimization"] = {**(document.get("optimization") or {}), "precision": precision}
+    (target / config_name).write_text(yaml.safe_dump(document))
+    if archive.manifest.config_file is None:
+        manifest_path = target / "MAR-INF" / "MANIFEST.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest["model"]["configFile"] = config_name
+        manifest_path.write_text(json.dumps(manifest))
+    return target
 
 
 def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[str, int]) -> Path:
@@ -103,6 +124,10 @@ def start_server(
 ) -> Iterator[StartedServer]:
     """``kind`` is ``ferry`` or ``torchserve``; the server is stopped on exit."""
     folder.mkdir(parents=True, exist_ok=True)
+    if config.precision != "fp32":
+        if kind != "ferry":
+            raise RuntimeError("a precision other than fp32 is a Ferry setting")
+        model = with_precision(model, config.precision, folder / "model")
     ports = {api: _free_port() for api in ("inference", "management", "metrics")}
     properties = write_config(folder, model, config, ports)
     log_path = folder / "server.log"

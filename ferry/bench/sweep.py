@@ -31,6 +31,7 @@ class SweepSpec:
     max_batch_delay: list[int]
     workers: list[int]
     concurrency: list[int]
+    precision: list[str]
     requests: int | None
     duration: float | None
     server: str
@@ -70,6 +71,7 @@ class SweepSpec:
             max_batch_delay=ints("max_batch_delay", [10]),
             workers=ints("workers", [1]),
             concurrency=ints("concurrency", [1]),
+            precision=_precisions(document.get("precision", ["fp32"]), path.name),
             requests=int(document["requests"])
             if "requests" in document
             else (None if "duration" in document else 200),
@@ -78,10 +80,18 @@ class SweepSpec:
         )
 
     def configurations(self) -> list[ServerConfig]:
-        return [
-            ServerConfig(b, d, w)
-            for b, d, w in itertools.product(self.batch_size, self.max_batch_delay, self.workers)
-        ]
+        grid = itertools.product(
+            self.batch_size, self.max_batch_delay, self.workers, self.precision
+        )
+        return [ServerConfig(b, d, w, p) for b, d, w, p in grid]
+
+
+def _precisions(value: Any, source: str) -> list[str]:
+    values = [str(v).lower() for v in (value if isinstance(value, list) else [value])]
+    unknown = [v for v in values if v not in ("fp32", "fp16", "bf16")]
+    if unknown or not values:
+        raise ConfigError(f"{source}: precision must be fp32, fp16 or bf16, got {unknown}")
+    return values
 
 
 def _quantiles_ms(
@@ -91,6 +101,19 @@ def _quantiles_ms(
         return [math.nan] * 3
     delta = histogram_delta(before, after, name, **labels)
     return [round(delta.quantile(q) * 1000, 3) for q in (0.5, 0.9, 0.99)]
+
+
+def warm_up(url: str, model: str, spec: SweepSpec) -> None:
+    """A few requests on a fresh server, so first-request costs stay out of the figures."""
+    payloads = [p.read_bytes() for p in spec.inputs]
+    load = LoadSpec(
+        f"{url}/predictions/{model}",
+        payloads,
+        concurrency=max(spec.concurrency),
+        requests=2 * max(spec.concurrency),
+        content_type=spec.content_type,
+    )
+    asyncio.run(run_load(load))
 
 
 def measure(
@@ -135,6 +158,7 @@ def measure(
         "Batch size": config.batch_size,
         "Batch delay": config.max_batch_delay,
         "Workers": config.workers,
+        "Precision": config.precision,
         "Concurrency": concurrency,
         "Requests": summary["requests_sent"],
         "Failed requests": sum(summary["errors"].values()),
@@ -163,8 +187,10 @@ def run_sweep(
             out
             / "servers"
             / f"{index:02d}-b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}"
+            f"-{config.precision}"
         )
         with start_server(spec.server, spec.model, config, folder) as server:
+            warm_up(server.inference_url, name, spec)
             for concurrency in spec.concurrency:
                 row = measure(
                     server.inference_url, server.metrics_url, name, spec, concurrency, config

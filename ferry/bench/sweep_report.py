@@ -36,19 +36,21 @@ def plot_throughput_against_p99(
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5))
-    configs = sorted({(r["Batch size"], r["Batch delay"], r["Workers"]) for r in rows})
-    for batch, delay, workers in configs:
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return (row["Batch size"], row["Batch delay"], row["Workers"], row.get("Precision", "fp32"))
+
+    for batch, delay, workers, precision in sorted({key(r) for r in rows}):
         series = [
             r
             for r in rows
-            if (r["Batch size"], r["Batch delay"], r["Workers"]) == (batch, delay, workers)
-            and r["Latency P99"] is not None
+            if key(r) == (batch, delay, workers, precision) and r["Latency P99"] is not None
         ]
         axes.plot(
             [r["Latency P99"] for r in series],
             [r["Throughput"] for r in series],
             marker="o",
-            label=f"batch {batch}, delay {delay} ms, {workers} workers",
+            label=f"batch {batch}, delay {delay} ms, {workers} workers, {precision}",
         )
         for r in series:
             axes.annotate(
@@ -74,6 +76,7 @@ SUMMARY_COLUMNS = [
     "Batch size",
     "Batch delay",
     "Workers",
+    "Precision",
     "Concurrency",
     "Throughput",
     "Latency P50",

@@ -66,4 +66,9 @@ def model_config_yaml(trial: Trial, slo_ms: float) -> str:
         f"maxWorkers: {config.workers}\n"
         f"batchSize: {config.batch_size}\n"
         f"maxBatchDelay: {config.max_batch_delay}\n"
+        + (
+            f"optimization:\n  precision: {config.precision}\n"
+            if config.precision != "fp32"
+            else ""
+        )
     )

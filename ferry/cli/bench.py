@@ -77,6 +77,7 @@ def add_parser(commands: Any) -> None:
     tune.add_argument("--delays", default="5,20", help="max_batch_delay values (ms)")
     tune.add_argument("--workers", default=None, help="default: 1 and the core count")
     tune.add_argument("--concurrency", default="1,2,4,8,16,32")
+    tune.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
     tune.add_argument("--requests", type=int, default=200, help="per measurement")
     tune.add_argument("--out", type=Path, default=Path("tune-results"))
     tune.set_defaults(run=run_tune_command)
@@ -234,7 +235,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
     import itertools
 
     from ferry.bench.servers import ServerConfig, model_identity, start_server
-    from ferry.bench.sweep import SweepSpec, measure
+    from ferry.bench.sweep import SweepSpec, measure, warm_up
     from ferry.bench.sweep_report import markdown_table, plot_throughput_against_p99, write_csv
     from ferry.bench.tune import Trial, model_config_yaml, search
     from ferry.config.settings import available_cores
@@ -244,6 +245,9 @@ def run_tune_command(args: argparse.Namespace) -> int:
         batch_sizes, delays = _int_list(args.batch_sizes), _int_list(args.delays, minimum=0)
         workers = _int_list(args.workers) if args.workers else sorted({1, available_cores()})
         concurrencies = _int_list(args.concurrency)
+        precisions = [p.strip().lower() for p in args.precision.split(",") if p.strip()]
+        if not precisions or any(p not in ("fp32", "fp16", "bf16") for p in precisions):
+            raise ValueError(f"precision must be fp32, fp16 or bf16, got {args.precision!r}")
         inputs = [Path(p).resolve() for p in args.input.split(",") if p]
         if slo_ms <= 0 or not all(p.is_file() for p in inputs):
             raise ValueError("the SLO must be positive and every input a file")
@@ -260,6 +264,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         delays,
         workers,
         concurrencies,
+        precisions,
         args.requests,
         None,
         "ferry",
@@ -275,11 +280,13 @@ def run_tune_command(args: argparse.Namespace) -> int:
                     args.out
                     / "servers"
                     / f"b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}"
+                    f"-{config.precision}"
                 )
                 current["server"] = stack.enter_context(
                     start_server("ferry", model, config, folder)
                 )
                 current["config"] = config
+                warm_up(current["server"].inference_url, name, spec)
             server = current["server"]
             row = measure(server.inference_url, server.metrics_url, name, spec, concurrency, config)
             rows.append(row)
@@ -293,7 +300,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
             return Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
 
         configs = [
-            ServerConfig(b, d, w) for b, d, w in itertools.product(batch_sizes, delays, workers)
+            ServerConfig(b, d, w, p)
+            for b, d, w, p in itertools.product(batch_sizes, delays, workers, precisions)
         ]
         result = search(evaluate, configs, concurrencies, slo_ms)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -92,3 +92,34 @@ def test_server_config_properties_drive_batch_settings(tmp_path: Path) -> None:
     assert settings.inference_address.port == 1001 and settings.disable_token_authorization
     version = settings.model_overrides["echo"]["3.0"]
     assert (version["batchSize"], version["maxBatchDelay"], version["minWorkers"]) == (8, 25, 2)
+
+
+def test_precision_axis(tmp_path: Path) -> None:
+    import json
+    import zipfile
+
+    import yaml
+
+    from ferry.bench.servers import with_precision
+    from tests.fixtures.models import DEMO_STORE
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("model: m.mar\ninput: a\nprecision: [fp32, bf16]\nworkers: [1, 2]\n")
+    spec = SweepSpec.read(spec_file)
+    assert [(c.workers, c.precision) for c in spec.configurations()] == [
+        (1, "fp32"),
+        (1, "bf16"),
+        (2, "fp32"),
+        (2, "bf16"),
+    ]
+    spec_file.write_text("model: m.mar\ninput: a\nprecision: int8\n")
+    with pytest.raises(ConfigError, match="precision"):
+        SweepSpec.read(spec_file)
+    variant = with_precision(DEMO_STORE / "shapes.mar", "bf16", tmp_path / "variants")
+    config = yaml.safe_load((variant / "model-config.yaml").read_text())
+    assert config["optimization"] == {"precision": "bf16"} and config["batchSize"] == 8
+    with zipfile.ZipFile(DEMO_STORE / "shapes.mar") as zf:
+        original = json.loads(zf.read("MAR-INF/MANIFEST.json"))
+    assert json.loads((variant / "MAR-INF" / "MANIFEST.json").read_text()) == original
+    text = model_config_yaml(Trial(ServerConfig(4, 5, 1, "bf16"), 8, 10.0, 9.0), 50)
+    assert text.endswith("optimization:\n  precision: bf16\n")
