@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import platform
 import random
@@ -19,6 +20,7 @@ import yaml
 
 from examples.demo.shapes import LABELS, draw_shape, encode
 from examples.models.resnet import resnet18
+from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.config.settings import available_cores
 from ferry.handlers.context import Context
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -141,3 +143,22 @@ def publish(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text if text.endswith("\n") else text + "\n")
     print(text)
+
+
+def closed_loop(
+    url: str,
+    payloads: list[bytes],
+    concurrency: int,
+    requests: int,
+    content_type: str = "application/octet-stream",
+) -> LoadResult:
+    """One closed-loop load run; any error response or lost request stops the benchmark."""
+    spec = LoadSpec(
+        url, payloads, concurrency=concurrency, requests=requests, content_type=content_type
+    )
+    result = asyncio.run(run_load(spec))
+    if set(result.statuses) != {200} or result.transport_errors:
+        raise RuntimeError(
+            f"errors during the benchmark: {dict(result.statuses)} {dict(result.transport_errors)}"
+        )
+    return result

@@ -14,7 +14,6 @@ Medians over rounds are reported, with the ratios the core issue targets.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
+    closed_loop,
     jpeg_inputs,
     machine_description,
     noop_archive,
@@ -33,7 +33,7 @@ from benchmarks.common import (
     resnet18_archive,
     time_batches,
 )
-from ferry.bench.load import run_closed_loop
+from ferry.bench.load import LoadResult
 from ferry.config.settings import available_cores, threads_per_worker
 from ferry.worker.torch_setup import configure_torch, worker_environment
 from tests.fixtures.server import ferry_server
@@ -50,15 +50,8 @@ def offline_sweep(handler, context, payloads: list[bytes], seconds: float) -> di
     }
 
 
-def load(url: str, payloads: list[bytes], concurrency: int, requests: int):  # type: ignore[no-untyped-def]
-    result = asyncio.run(
-        run_closed_loop(
-            url, payloads, concurrency=concurrency, requests=requests, content_type="image/jpeg"
-        )
-    )
-    if set(result.statuses) != {200}:
-        raise RuntimeError(f"errors during the benchmark: {dict(result.statuses)}")
-    return result
+def load(url: str, payloads: list[bytes], concurrency: int, requests: int) -> LoadResult:
+    return closed_loop(url, payloads, concurrency, requests, "image/jpeg")
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ alternate which server goes first; medians are reported.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import tempfile
@@ -23,13 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
+    closed_loop,
     jpeg_inputs,
     machine_description,
     noop_archive,
     publish,
     resnet18_archive,
 )
-from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.servers import ServerConfig, start_server
 from ferry.store.writer import ArchiveSpec, write_archive
 
@@ -53,12 +52,7 @@ def handler_archive(store: Path) -> Path:
 def measure(
     url: str, payloads: list[bytes], concurrency: int, requests: int
 ) -> tuple[float, float, float]:
-    spec = LoadSpec(
-        url, payloads, concurrency=concurrency, requests=requests, content_type="image/jpeg"
-    )
-    result = asyncio.run(run_load(spec))
-    if set(result.statuses) != {200}:
-        raise RuntimeError(f"errors: {dict(result.statuses)} {dict(result.transport_errors)}")
+    result = closed_loop(url, payloads, concurrency, requests, "image/jpeg")
     return result.throughput, result.latency_ms(50), result.latency_ms(99)
 
 

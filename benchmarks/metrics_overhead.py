@@ -10,7 +10,6 @@ against the defaults are reported, with the in-process cost of the metric bookke
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import statistics
 import sys
@@ -20,17 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_description, noop_archive, publish
-from ferry.bench.load import run_closed_loop
+from benchmarks.common import closed_loop, machine_description, noop_archive, publish
 from ferry.metrics.definitions import FerryMetrics
 from tests.fixtures.server import ferry_server
 
 
 def throughput(url: str, requests: int) -> float:
-    result = asyncio.run(run_closed_loop(url, [b"x"], concurrency=16, requests=requests))
-    if set(result.statuses) != {200}:
-        raise RuntimeError(f"errors during the benchmark: {dict(result.statuses)}")
-    return result.throughput
+    return closed_loop(url, [b"x"], 16, requests).throughput
 
 
 def bookkeeping_microseconds(requests: int = 200_000, batch: int = 8) -> float:

@@ -11,7 +11,6 @@ the median of per-round throughput ratios is reported.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import random
 import statistics
@@ -27,8 +26,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_description, publish
-from ferry.bench.load import LoadSpec, run_load
+from benchmarks.common import closed_loop, machine_description, publish
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.server import ferry_server
 
@@ -90,11 +88,7 @@ def small_cnn_archive(store: Path, name: str, pipeline: bool) -> str:
 
 
 def throughput(url: str, payloads: list[bytes], requests: int) -> float:
-    spec = LoadSpec(url, payloads, concurrency=16, requests=requests, content_type="image/jpeg")
-    result = asyncio.run(run_load(spec))
-    if set(result.statuses) != {200}:
-        raise RuntimeError(f"errors: {dict(result.statuses)}")
-    return result.throughput
+    return closed_loop(url, payloads, 16, requests, "image/jpeg").throughput
 
 
 def main() -> None:

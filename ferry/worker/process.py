@@ -133,12 +133,3 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self._writer.close()
-
-    async def stop(self, grace: float = 5.0) -> None:
-        """Close the socket (the worker exits on EOF); kill it if it lingers."""
-        self._writer.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.exited), grace)
-        except TimeoutError:
-            self.kill()
-            await self.exited
