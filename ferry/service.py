@@ -30,6 +30,7 @@ from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
 from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.placement import model_gpus
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
@@ -81,6 +82,7 @@ class FerryService:
         visible = _visible_gpus()
         limit = settings.number_of_gpu
         self._gpus = visible if limit is None else min(visible, limit)
+        self._next_gpu = 0
 
     # --- data plane ----------------------------------------------------------------------
 
@@ -121,8 +123,9 @@ class FerryService:
             workers = settings.default_workers_per_model or default_workers_per_model(
                 cores, self._gpus
             )
-        use_gpu = self._gpus > 0 and config.device_type != "cpu"
-        gpu_ids = (config.device_ids or tuple(range(self._gpus))) if use_gpu else ()
+        gpu_ids = model_gpus(self._gpus, config.device_type, config.device_ids, self._next_gpu)
+        if gpu_ids and not config.device_ids:
+            self._next_gpu += workers
         delay_ms = config.max_batch_delay_ms
         if delay_ms is None:
             delay_ms = settings.default_max_batch_delay_ms

@@ -9,10 +9,12 @@ from typing import Any
 import torch
 
 from ferry.handlers.context import Context
+from ferry.handlers.device import DevicePath, HostPath, Transform, device_path_for
 from ferry.handlers.model_loading import load_label_mapping, load_model, select_device
 from ferry.handlers.optimize import (
     Optimizations,
     finish_output,
+    graph_model,
     optimize_model,
     prepare_input,
     warm_up,
@@ -32,12 +34,14 @@ class BaseHandler:
         self.map_location: str | None = None
         self.model_pt_path: str | None = None
         self.optimizations = Optimizations()
+        self._device_path: DevicePath = HostPath()
 
     def initialize(self, context: Context) -> None:
         """Pick the device, load the model from the manifest and ``index_to_name.json``."""
         self.context = context
         properties = context.system_properties
         self.device = select_device(properties.get("gpu_id"))
+        self._device_path = device_path_for(self.device)
         self.map_location = self.device.type
         self.manifest = context.manifest
         model_dir = Path(properties["model_dir"])
@@ -49,6 +53,7 @@ class BaseHandler:
         self.optimizations = Optimizations.from_model_config(context.model_yaml_config)
         if self.model is not None:
             self.model = optimize_model(self.model, self.optimizations, self.device)
+            self.model = graph_model(self.model, self.optimizations, self.device)
             warm_up(self.model, self.optimizations, self.device)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
@@ -68,13 +73,27 @@ class BaseHandler:
     def _device(self) -> torch.device:
         return self.device if self.device is not None else torch.device("cpu")
 
+    @property
+    def device_path(self) -> DevicePath:
+        """Uploads and inference stream for ``self.device`` (which TorchServe handlers may
+        set in their own ``initialize``)."""
+        if self._device_path.device != self._device():
+            self._device_path = device_path_for(self._device())
+        return self._device_path
+
+    def to_device(self, batch: torch.Tensor, then: Transform | None = None) -> torch.Tensor:
+        """A preprocessed batch on the model's device (pinned, non-blocking on a GPU), with
+        ``then`` applied there."""
+        return self.device_path.upload(batch, then)
+
     def preprocess(self, data: list[dict[str, Any]]) -> Any:
-        return torch.as_tensor(data, device=self.device)
+        return self.to_device(torch.as_tensor(data))
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The model on the batch: cast, laid out and padded to its bucket as configured;
-        padded rows are dropped from the output."""
-        with torch.inference_mode():
+        padded rows are dropped from the output. On a GPU it runs on the worker's compute
+        stream."""
+        with torch.inference_mode(), self.device_path.compute():
             if not isinstance(data, torch.Tensor):
                 return self.model(data, *args, **kwargs)
             batch, rows = prepare_input(data, self.optimizations, self._device())

@@ -1,8 +1,9 @@
 """Built-in ``image_classifier``: JPEG/PNG in, top-k ``{label: probability}`` out.
 
 model-config.yaml may set, under ``image_classifier:``, ``resize``, ``crop``, ``mean``,
-``std`` and ``topk``. An image that cannot be decoded fails alone; the rest of its
-batch is still classified.
+``std``, ``topk`` and ``gpu_decode`` (decode JPEGs on the worker's GPU when torchvision is
+importable; see ``gpu_decode.py``). An image that cannot be decoded fails alone; the rest of
+its batch is still classified.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from ferry.errors import InvalidInput
 from ferry.handlers.base_handler import BaseHandler, timed_stage
 from ferry.handlers.context import Context
+from ferry.handlers.gpu_decode import JpegDecoder, decode_each, is_jpeg, load_gpu_jpeg_decoder
 from ferry.handlers.vision import ImageTransform, image_bytes
 
 
@@ -33,12 +35,15 @@ class VisionHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
         self.transform = ImageTransform()
+        self.jpeg_decoder: JpegDecoder | None = None
         self._local = threading.local()  # preprocess may run in several pipeline threads
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
         settings = context.model_yaml_config.get(self.config_section) or {}
         self.transform = ImageTransform.from_config(settings)
+        if settings.get("gpu_decode"):
+            self.jpeg_decoder = load_gpu_jpeg_decoder(self._device())
 
     @property
     def failures(self) -> dict[int, Exception]:
@@ -57,6 +62,8 @@ class VisionHandler(BaseHandler):
         """Stack the decodable images; remember which requests failed and why."""
         failures: dict[int, Exception] = {}
         self._local.failures = failures
+        if self.jpeg_decoder is not None and self.image_processing is None:
+            return self._preprocess_on_device(data, failures)
         tensors = []
         for index, row in enumerate(data):
             try:
@@ -67,8 +74,42 @@ class VisionHandler(BaseHandler):
             return None
         batch = torch.stack(tensors)
         if batch.dtype == torch.uint8:
-            batch = self.transform.normalise(batch)
-        return batch.to(self.device)
+            # Pixels travel as uint8 (a quarter of the bytes) and are normalised on the device.
+            return self.to_device(batch, self.transform.normalise)
+        return self.to_device(batch)
+
+    def _preprocess_on_device(
+        self, data: list[dict[str, Any]], failures: dict[int, Exception]
+    ) -> torch.Tensor | None:
+        encoded: dict[int, bytes] = {}
+        for index, row in enumerate(data):
+            try:
+                encoded[index] = image_bytes(row)
+            except InvalidInput as exc:
+                failures[index] = exc
+        result: torch.Tensor | None = self.device_path.on_upload_stream(
+            lambda: self._decode_on_device(encoded, failures)
+        )
+        return result
+
+    def _decode_on_device(
+        self, encoded: dict[int, bytes], failures: dict[int, Exception]
+    ) -> torch.Tensor | None:
+        """JPEGs decoded, resized and cropped on the device; the rest through PIL."""
+        assert self.jpeg_decoder is not None
+        jpegs = {index: raw for index, raw in encoded.items() if is_jpeg(raw)}
+        decoded, _ = decode_each(self.jpeg_decoder, jpegs)
+        images = {i: self.transform.resize_crop_tensor(image) for i, image in decoded.items()}
+        for index, raw in encoded.items():
+            if index in images:
+                continue
+            try:
+                images[index] = self._decode_one({"body": raw}).to(self._device())
+            except InvalidInput as exc:
+                failures[index] = exc
+        if not images:
+            return None
+        return self.transform.normalise(torch.stack([images[i] for i in sorted(images)]))
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         self.context = context

@@ -6,17 +6,24 @@
       compile: default           # torch.compile mode: default, reduce-overhead, max-autotune
       torchscript_freeze: true   # TorchScript: torch.jit.freeze + optimize_for_inference
       batch_buckets: [1, 2, 4, 8]  # pad each batch to the next bucket (compiled graphs reuse)
+      cuda_graphs: true          # GPU: capture one CUDA graph per bucket, replay it per batch
       warmup:
         input_shape: [3, 224, 224]
         batch_sizes: [1, 8]      # run once at load, so the first requests are not slow
 
 Padded rows are cut from the model's output before postprocess ever sees them.
+
+``cuda_graphs`` needs fixed shapes: ``warmup.input_shape`` and the batch sizes to capture
+(``batch_buckets``, else ``warmup.batch_sizes``); a batch of any other shape runs eagerly.
+On a CPU worker it is ignored with a warning. With ``compile``, use ``compile:
+reduce-overhead`` instead, which captures graphs itself.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +46,7 @@ class Optimizations:
     batch_buckets: tuple[int, ...] = ()
     warmup_shape: tuple[int, ...] = ()
     warmup_batch_sizes: tuple[int, ...] = ()
+    cuda_graphs: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,7 +77,7 @@ class Optimizations:
         warmup = section.get("warmup") or {}
         if any(b < 1 for b in buckets):
             raise ValueError("batch_buckets must be positive")
-        return cls(
+        options = cls(
             precision=precision,
             channels_last=bool(section.get("channels_last", False)),
             compile_mode=compile_mode,
@@ -77,7 +85,22 @@ class Optimizations:
             batch_buckets=buckets,
             warmup_shape=tuple(int(d) for d in warmup.get("input_shape", ())),
             warmup_batch_sizes=tuple(int(b) for b in warmup.get("batch_sizes", ())),
+            cuda_graphs=bool(section.get("cuda_graphs", False)),
         )
+        if options.cuda_graphs:
+            if not options.warmup_shape or not options.graph_batch_sizes:
+                raise ValueError(
+                    "cuda_graphs needs warmup.input_shape and batch_buckets "
+                    "(or warmup.batch_sizes): graphs are captured for fixed shapes"
+                )
+            if options.compile_mode is not None:
+                raise ValueError("cuda_graphs with compile: use compile: reduce-overhead instead")
+        return options
+
+    @property
+    def graph_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes CUDA graphs are captured for."""
+        return self.batch_buckets or self.warmup_batch_sizes
 
     def bucket_for(self, size: int) -> int:
         """The smallest bucket holding ``size`` rows (``size`` itself beyond the largest)."""
@@ -100,6 +123,98 @@ def optimize_model(model: Any, options: Optimizations, device: torch.device) -> 
             raise ConfigError("optimization: compile needs an eager or torch.export model")
         model = torch.compile(model, mode=options.compile_mode)
     return model
+
+
+Replay = Callable[[torch.Tensor], Any]
+Capture = Callable[[Any, torch.Tensor, Any], tuple[Replay, Any]]
+
+
+class GraphedModel:
+    """Replays a captured CUDA graph for each batch whose shape and dtype were captured;
+    anything else runs the model eagerly."""
+
+    def __init__(self, model: Any, examples: list[torch.Tensor], capture: Capture) -> None:
+        self.model = model
+        self._graphs: dict[tuple[Any, ...], Replay] = {}
+        pool = None
+        # Largest first, all in one memory pool: smaller graphs reuse the largest's blocks.
+        for example in sorted(examples, key=lambda e: e.shape[0], reverse=True):
+            replay, pool = capture(model, example, pool)
+            self._graphs[self._key(example)] = replay
+
+    @staticmethod
+    def _key(batch: torch.Tensor) -> tuple[Any, ...]:
+        return (*batch.shape, batch.dtype, batch.device)
+
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        return sorted(int(key[0]) for key in self._graphs)
+
+    def __call__(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        replay = None
+        if isinstance(batch, torch.Tensor) and not args and not kwargs:
+            replay = self._graphs.get(self._key(batch))
+        return replay(batch) if replay is not None else self.model(batch, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Handlers that reach into self.model (attributes, submodules) still find them.
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+
+def capture_cuda_graph(model: Any, example: torch.Tensor, pool: Any) -> tuple[Replay, Any]:
+    """Capture ``model(example)`` as a CUDA graph; returns a replay function and its pool."""
+    static_input = example.clone()
+    device = example.device
+    side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    # Warm-up iterations off the capture stream, as CUDA graph capture requires.
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(3):
+            model(static_input)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+        static_output = model(static_input)
+
+    def replay(batch: torch.Tensor) -> Any:
+        static_input.copy_(batch)
+        graph.replay()
+        # The next replay overwrites the static output: hand out a copy.
+        return _clone(static_output)
+
+    return replay, graph.pool()
+
+
+def _clone(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    if isinstance(output, (list, tuple)):
+        return type(output)(_clone(item) for item in output)
+    if isinstance(output, dict):
+        return {key: _clone(value) for key, value in output.items()}
+    return output
+
+
+def graph_model(
+    model: Any, options: Optimizations, device: torch.device, capture: Capture = capture_cuda_graph
+) -> Any:
+    """``model`` wrapped to replay CUDA graphs when ``cuda_graphs`` is on and there is a GPU."""
+    if not options.cuda_graphs:
+        return model
+    if device.type != "cuda":
+        log.warning("cuda_graphs needs a GPU; the model runs eagerly on %s", device)
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError("optimization: cuda_graphs needs a torch model")
+    examples = [
+        prepare_input(torch.zeros(size, *options.warmup_shape), options, device)[0]
+        for size in options.graph_batch_sizes
+    ]
+    graphed = GraphedModel(model, examples, capture)
+    log.info("CUDA graphs captured for batch sizes %s", graphed.captured_batch_sizes)
+    return graphed
 
 
 def prepare_input(

@@ -84,8 +84,27 @@ class ImageTransform:
         image = image.crop((left, top, left + self.crop, top + self.crop))
         return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
 
+    def resize_crop_tensor(self, image: torch.Tensor) -> torch.Tensor:
+        """``to_uint8`` for a decoded CHW uint8 tensor on any device (GPU-decoded images).
+
+        Antialiased bilinear interpolation, as PIL's resize; pixels differ from it by a
+        level or two.
+        """
+        _, height, width = image.shape
+        scale = self.resize / min(width, height)
+        size = (max(1, round(height * scale)), max(1, round(width * scale)))
+        if size != (height, width):
+            resized = torch.nn.functional.interpolate(
+                image[None].float(), size=size, mode="bilinear", antialias=True
+            )[0]
+            image = resized.round_().clamp_(0, 255).to(torch.uint8)
+        top = (size[0] - self.crop) // 2
+        left = (size[1] - self.crop) // 2
+        return image[:, top : top + self.crop, left : left + self.crop]
+
     def normalise(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW → float NCHW, normalised; one vectorised op for the whole batch."""
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1) * 255
-        std = torch.tensor(self.std).view(1, -1, 1, 1) * 255
+        """uint8 NCHW → float NCHW, normalised; one vectorised op for the whole batch, on
+        whichever device the batch is."""
+        mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1) * 255
+        std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1) * 255
         return (batch.float() - mean) / std

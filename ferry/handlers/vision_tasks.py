@@ -10,8 +10,9 @@ TorchServe's output shapes where TorchServe has the handler.
 - ``image_embedder``: per image, the embedding vector (L2-normalised unless
   ``image_embedder: {normalize: false}``).
 
-Each reads ``resize``, ``crop``, ``mean``, ``std`` from its own model-config.yaml section
-(named as the handler); boxes and masks are in the cropped input's pixels.
+Each reads ``resize``, ``crop``, ``mean``, ``std`` and ``gpu_decode`` from its own
+model-config.yaml section (named as the handler); boxes and masks are in the cropped input's
+pixels.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from ferry.errors import (
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import InferenceResponse, Job
+from ferry.scheduling.placement import worker_gpu
 from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
 from ferry.worker.process import WorkerGone, WorkerProcess, WorkerStartFailed
 from ferry.worker.spec import WorkerSpec
@@ -188,8 +189,7 @@ class ModelRunner:
     # --- the slot loop -------------------------------------------------------------------
 
     def _spec_for(self, slot: WorkerSlot) -> WorkerSpec:
-        gpus = self.settings.gpu_ids
-        gpu = gpus[slot.index % len(gpus)] if gpus else None
+        gpu = worker_gpu(self.settings.gpu_ids, slot.index)
         worker_id = f"w{slot.index}.{slot.restarts}"
         return WorkerSpec(**{**self.spec.__dict__, "gpu_id": gpu, "worker_id": worker_id})
 

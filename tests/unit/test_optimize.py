@@ -176,3 +176,71 @@ def test_onnx_model_answers_like_torch(tmp_path: Path) -> None:
     handler.model, handler.device = loaded, torch.device("cpu")
     handler.optimizations = Optimizations(batch_buckets=(8,))
     assert torch.allclose(handler.inference(INPUT[:3]), expected[:3], atol=1e-4)
+
+
+def test_cuda_graphs_need_fixed_shapes_and_no_compile() -> None:
+    with pytest.raises(ConfigError, match=r"cuda_graphs needs warmup\.input_shape"):
+        Optimizations.from_model_config({"optimization": {"cuda_graphs": True}})
+    with pytest.raises(ConfigError, match="reduce-overhead"):
+        Optimizations.from_model_config(
+            {
+                "optimization": {
+                    "cuda_graphs": True,
+                    "compile": True,
+                    "batch_buckets": [8],
+                    "warmup": {"input_shape": [3, 8, 8]},
+                }
+            }
+        )
+    options = Optimizations.from_model_config(
+        {"optimization": {"cuda_graphs": True, "warmup": {"input_shape": [3], "batch_sizes": [2]}}}
+    )
+    assert options.graph_batch_sizes == (2,)
+
+
+def test_cuda_graphs_are_ignored_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ferry.handlers.optimize import graph_model
+
+    model = _Recorder()
+    options = Optimizations(cuda_graphs=True, warmup_shape=(2,), batch_buckets=(4,))
+    with caplog.at_level(logging.WARNING, "ferry.handlers"):
+        assert graph_model(model, options, torch.device("cpu")) is model
+    assert "cuda_graphs needs a GPU" in caplog.text
+
+
+def test_graphed_model_replays_captured_shapes_and_runs_others_eagerly() -> None:
+    from ferry.handlers.optimize import GraphedModel
+
+    captured: list[tuple[int, Any]] = []
+    replayed: list[tuple[int, ...]] = []
+
+    def capture(model: Any, example: torch.Tensor, pool: Any) -> tuple[Any, Any]:
+        captured.append((example.shape[0], pool))
+
+        def replay(batch: torch.Tensor) -> Any:
+            replayed.append(tuple(batch.shape))
+            return model(batch)
+
+        return replay, "shared-pool"
+
+    recorder = _Recorder()
+    examples = [torch.zeros(size, 2) for size in (1, 8, 4)]
+    graphed = GraphedModel(recorder, examples, capture)
+    # Largest first; later captures share the first one's memory pool.
+    assert captured == [(8, None), (4, "shared-pool"), (1, "shared-pool")]
+    assert graphed.captured_batch_sizes == [1, 4, 8]
+    graphed(torch.ones(4, 2))
+    graphed(torch.ones(3, 2))  # not captured: eager
+    graphed(torch.ones(4, 2, dtype=torch.float64))  # another dtype: eager
+    assert replayed == [(4, 2)]
+    assert graphed.shapes[-3:] == [(4, 2), (3, 2), (4, 2)]  # attributes reach the model
+
+    handler = BaseHandler()
+    handler.device = torch.device("cpu")
+    handler.model = graphed
+    handler.optimizations = Optimizations(batch_buckets=(4, 8))
+    # A batch of 3 pads to the captured bucket of 4; the padded row never comes back.
+    assert handler.inference(torch.ones(3, 2)).tolist() == [[2.0], [3.0], [4.0]]
+    assert replayed[-1] == (4, 2)
