@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from ferry.bench.stats import percentile
 from ferry.handlers.context import Context
 from ferry.handlers.loader import load_entry_point
+from ferry.handlers.optimize import Optimizations
 from ferry.store.archive import ModelArchive, open_model
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -70,6 +71,21 @@ def load_handler(source: Path, work_dir: Path, device: str) -> LoadedHandler:
     entry = load_entry_point(archive.manifest.handler, context)
     service = getattr(entry, "__self__", None)
     return LoadedHandler(archive, context, entry, service, torch.device(device))
+
+
+def active_optimizations(loaded: LoadedHandler) -> dict[str, Any]:
+    """The handler's ``optimization:`` switches that differ from the defaults, as it runs
+    with them (empty for handlers that are not ``BaseHandler`` subclasses)."""
+    options = getattr(loaded.service, "optimizations", None)
+    if not isinstance(options, Optimizations):
+        return {}
+    defaults = Optimizations()
+    active = {}
+    for field in fields(Optimizations):
+        value = getattr(options, field.name)
+        if value != getattr(defaults, field.name):
+            active[field.name] = list(value) if isinstance(value, tuple) else value
+    return active
 
 
 def _peak_memory_mb(device: torch.device) -> float:

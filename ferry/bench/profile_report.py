@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 from ferry.bench.profile import ProfilePoint
 
@@ -37,7 +38,14 @@ def format_table(points: list[ProfilePoint]) -> str:
     return "\n".join(lines)
 
 
-def write_reports(points: list[ProfilePoint], out: Path, title: str) -> list[Path]:
+def format_optimizations(active: dict[str, Any]) -> str:
+    settings = ", ".join(f"{key}={value}" for key, value in active.items())
+    return f"optimization: {settings or 'none'}"
+
+
+def write_reports(
+    points: list[ProfilePoint], out: Path, title: str, optimization: dict[str, Any] | None = None
+) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path, png_path = out / "profile.csv", out / "profile.json", out / "profile.png"
     with open(csv_path, "w", newline="") as handle:
@@ -46,7 +54,14 @@ def write_reports(points: list[ProfilePoint], out: Path, title: str) -> list[Pat
         for point in points:
             writer.writerow(point.row())
     json_path.write_text(
-        json.dumps({"model": title, "points": [p.row() for p in points]}, indent=2)
+        json.dumps(
+            {
+                "model": title,
+                "optimization": optimization or {},
+                "points": [p.row() for p in points],
+            },
+            indent=2,
+        )
     )
     _plot(points, png_path, title)
     return [csv_path, json_path, png_path]

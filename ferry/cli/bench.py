@@ -149,8 +149,8 @@ def _int_list(text: str, minimum: int = 1) -> list[int]:
 
 
 def run_profile_command(args: argparse.Namespace) -> int:
-    from ferry.bench.profile import PRECISIONS, load_handler, profile
-    from ferry.bench.profile_report import format_table, write_reports
+    from ferry.bench.profile import PRECISIONS, active_optimizations, load_handler, profile
+    from ferry.bench.profile_report import format_optimizations, format_table, write_reports
     from ferry.config.settings import available_cores
     from ferry.errors import FerryError
     from ferry.worker.torch_setup import configure_torch
@@ -172,6 +172,7 @@ def run_profile_command(args: argparse.Namespace) -> int:
         except (FerryError, RuntimeError) as exc:
             print(f"ferry bench profile: {exc}", file=sys.stderr)
             return 2
+        optimization = active_optimizations(loaded)
         points = profile(
             loaded,
             inputs,
@@ -183,9 +184,10 @@ def run_profile_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             ),
         )
+    print(format_optimizations(optimization))
     print(format_table(points))
     if args.out is not None:
-        for path in write_reports(points, args.out, args.model.name):
+        for path in write_reports(points, args.out, args.model.name, optimization):
             print(path)
     return 0
 

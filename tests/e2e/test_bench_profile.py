@@ -42,6 +42,7 @@ def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "ms/item" in run.stdout
+    assert "optimization: none" in run.stdout  # the demo archive switches none on
     with open(tmp_path / "profile.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert (tmp_path / "profile.csv").read_text().startswith("batch_size,")
@@ -52,6 +53,7 @@ def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
     assert all(float(r["items_per_second"]) > 0 and float(r["peak_memory_mb"]) > 0 for r in rows)
     document = json.loads((tmp_path / "profile.json").read_text())
     assert document["model"] == "shapes.mar" and len(document["points"]) == len(rows)
+    assert document["optimization"] == {}
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

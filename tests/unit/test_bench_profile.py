@@ -61,3 +61,18 @@ def test_explicit_batch_sizes_are_all_measured(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(profiling, "profile_batch", _fake(CURVE))
     points = profiling.profile(None, [b""], [1, 64, 128], ["fp32"], 0.1)  # type: ignore[arg-type]
     assert [p.batch_size for p in points] == [1, 64, 128]
+
+
+def test_profile_reports_the_optimizations_the_handler_runs_with() -> None:
+    from ferry.bench.profile_report import format_optimizations
+    from ferry.handlers.base_handler import BaseHandler
+    from ferry.handlers.optimize import Optimizations
+
+    handler = BaseHandler()
+    handler.optimizations = Optimizations(precision="bf16", batch_buckets=(1, 8))
+    loaded: Any = type("Loaded", (), {"service": handler})()
+    active = profiling.active_optimizations(loaded)
+    assert active == {"precision": "bf16", "batch_buckets": [1, 8]}
+    assert format_optimizations(active) == "optimization: precision=bf16, batch_buckets=[1, 8]"
+    loaded.service = object()  # a module-level handle function: nothing to report
+    assert profiling.active_optimizations(loaded) == {}
