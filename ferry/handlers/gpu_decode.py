@@ -42,8 +42,11 @@ def load_gpu_jpeg_decoder(device: torch.device) -> JpegDecoder | None:
 
     def decode(images: list[bytes]) -> list[torch.Tensor]:
         data = [torch.frombuffer(bytearray(image), dtype=torch.uint8) for image in images]
-        decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-        return list(decoded) if isinstance(decoded, (list, tuple)) else [decoded]
+        if len(data) == 1:  # one tensor: every torchvision with GPU decoding takes that
+            return [decode_jpeg(data[0], mode=ImageReadMode.RGB, device=device)]
+        # A list is decoded as one batch by torchvision >= 0.19 (older ones raise, and
+        # decode_each then goes image by image).
+        return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
 
     log.info("gpu_decode: JPEGs are decoded on %s", device)
     return decode
