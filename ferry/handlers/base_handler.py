@@ -58,6 +58,12 @@ class BaseHandler:
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for a preprocess process: no model, no per-batch context, on the CPU."""
+        state = dict(self.__dict__)
+        state.update(model=None, context=None, device=torch.device("cpu"), _device_path=HostPath())
+        return state
+
     # TorchServe handlers often call these two directly from their own initialize().
     def _load_torchscript_model(self, model_pt_path: str) -> Any:
         return load_model(

@@ -16,5 +16,9 @@ class PredictionException(Exception):
     def __str__(self) -> str:
         return f"{self.message} : {self.error_code}"
 
+    def __reduce__(self) -> tuple[type[PredictionException], tuple[str, int]]:
+        # Keeps error_code when raised in a preprocess process.
+        return type(self), (self.message, self.error_code)
+
 
 __all__ = ["InvalidInput", "PredictionException"]

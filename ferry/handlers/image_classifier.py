@@ -45,6 +45,15 @@ class VisionHandler(BaseHandler):
         if settings.get("gpu_decode"):
             self.jpeg_decoder = load_gpu_jpeg_decoder(self._device())
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_local=None, jpeg_decoder=None)  # a GPU decoder stays in the worker
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     @property
     def failures(self) -> dict[int, Exception]:
         """Requests of the last ``preprocess`` call (in this thread) that could not be decoded."""

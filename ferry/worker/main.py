@@ -10,13 +10,13 @@ import argparse
 import importlib.util
 import logging
 import os
-import signal
 import socket
 import sys
 import traceback
 from typing import BinaryIO
 
 from ferry.worker import codec
+from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.messages import Message, PredictBatch, WorkerLoadFailed, WorkerReady
 from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import configure_torch
@@ -93,27 +93,14 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> int:
     return 0
 
 
-def _die_with_parent() -> None:
-    """Linux: if the frontend is killed outright, take this worker down with it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # elsewhere the worker still exits when its socket closes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferry-worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     spec = WorkerSpec.from_json(args.spec)
-    _die_with_parent()
-    # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    ignore_interrupts()
     # The frontend prefixes each line with the model, worker and time.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     configure_torch(spec.torch_threads)

@@ -6,12 +6,14 @@ Configured in model-config.yaml with TorchServe's keys::
     micro_batching:
       micro_batch_size: 4
       parallelism: {preprocess: 2, inference: 1, postprocess: 1}
+      pool: thread               # Ferry's key: ``process`` for GIL-bound preprocessing
 
 Any handler with ``preprocess / inference / postprocess`` (a ``BaseHandler`` subclass) gets
 it without code changes. Decoding and resizing in PIL release the GIL, so threads overlap
 them with each other and with inference. At most ``preprocess`` + 1 micro-batches are
 prepared ahead of inference, so memory stays flat. An error in one micro-batch fails only
-its own requests.
+its own requests. ``pool: process`` runs preprocess in spawned processes instead
+(``preprocess_processes.py``), for preprocessing written in pure Python.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from typing import Any
 
 from ferry.errors import ConfigError
 from ferry.handlers.context import Context
+from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
+
+
+POOLS = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class PipelineSettings:
     micro_batch_size: int
     preprocess_threads: int
     postprocess_threads: int
+    preprocess_in_processes: bool = False
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> PipelineSettings | None:
@@ -44,11 +51,15 @@ class PipelineSettings:
         if not isinstance(section, dict):
             raise ConfigError("micro_batching must be a mapping")
         parallelism = section.get("parallelism") or {}
+        pool = str(section.get("pool", "thread")).lower()
+        if pool not in POOLS:
+            raise ConfigError(f"micro_batching: pool must be thread or process, got {pool!r}")
         try:
             settings = cls(
                 int(section.get("micro_batch_size", 1)),
                 int(parallelism.get("preprocess", 1)),
                 int(parallelism.get("postprocess", 1)),
+                pool == "process",
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"micro_batching: {exc}") from exc
@@ -77,10 +88,23 @@ class StagePipeline:
         self.settings = settings
         self._pre = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="pre")
         self._post = ThreadPoolExecutor(settings.postprocess_threads, thread_name_prefix="post")
+        self._processes = (
+            _start_processes(handler, settings.preprocess_threads)
+            if settings.preprocess_in_processes
+            else None
+        )
 
     def _preprocess(
         self, rows: list[Any], context: Context
     ) -> tuple[Any, dict[int, Exception], float]:
+        if self._processes is not None:
+            batch, failures, elapsed_ms = self._processes.preprocess(rows)
+            to_device = getattr(self.handler, "to_device", None)
+            if to_device is not None and getattr(batch, "device", None) is not None:
+                start = time.perf_counter()
+                batch = to_device(batch)  # the children never touch the GPU
+                elapsed_ms += (time.perf_counter() - start) * 1000
+            return batch, failures, elapsed_ms
         start = time.perf_counter()
         tensor = self.handler.preprocess(rows)
         failures = dict(getattr(self.handler, "failures", {}) or {})
@@ -149,3 +173,17 @@ class StagePipeline:
     def close(self) -> None:
         self._pre.shutdown(wait=False, cancel_futures=True)
         self._post.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()
+
+
+def _start_processes(handler: Any, count: int) -> PreprocessProcesses | None:
+    """Preprocess processes for ``handler``, or None (threads, with a warning) when the
+    handler cannot be copied into a process or the processes cannot start."""
+    try:
+        processes = PreprocessProcesses(handler, count)
+    except Exception as exc:
+        log.warning("micro_batching pool: process unavailable (%s); using threads", exc)
+        return None
+    log.info("preprocess runs in %d processes", count)
+    return processes

@@ -113,10 +113,13 @@ def test_configuration() -> None:
         {"micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 3}}}
     )
     assert settings == PipelineSettings(4, 3, 1)
+    in_processes = PipelineSettings.from_model_config({"micro_batching": {"pool": "Process"}})
+    assert in_processes == PipelineSettings(1, 1, 1, preprocess_in_processes=True)
     for bad in (
         {"micro_batching": {"micro_batch_size": 0}},
         {"micro_batching": {"micro_batch_size": "x"}},
         {"micro_batching": [1]},
+        {"micro_batching": {"pool": "fibers"}},
     ):
         with pytest.raises(ConfigError, match="micro_batching"):
             PipelineSettings.from_model_config(bad)
