@@ -29,6 +29,17 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
             batchSize=8,
             micro_batching={"micro_batch_size": 2, "parallelism": {"preprocess": 2}},
         ),
+        "in_processes="
+        + ts_style_archive(
+            store,
+            name="in_processes",
+            batchSize=8,
+            micro_batching={
+                "micro_batch_size": 2,
+                "parallelism": {"preprocess": 2},
+                "pool": "process",
+            },
+        ),
     ]
     shutil.copy(DEMO_STORE / "shapes.mar", store / "shapes.mar")
     models.append("shapes=shapes.mar")

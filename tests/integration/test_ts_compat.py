@@ -6,6 +6,8 @@ import asyncio
 import importlib.util
 import json
 
+import pytest
+
 from ferry.bench.load import run_closed_loop
 from tests.fixtures.server import RunningServer
 
@@ -42,13 +44,19 @@ def test_ferry_installs_no_top_level_ts_package() -> None:
     assert importlib.util.find_spec("ts") is None
 
 
+@pytest.mark.parametrize("model", ["pipelined", "in_processes"])
 def test_micro_batching_pipeline_serves_a_plain_handler_unchanged(
-    main_server: RunningServer,
+    main_server: RunningServer, model: str
 ) -> None:
+    """In threads, or in processes (the ts.* imports and the model folder resolve there too,
+    and PredictionException keeps its status)."""
+    with main_server.client() as client:
+        refused = client.post(f"/predictions/{model}", content=b'{"a": 1}')
+        assert refused.status_code == 422
     payloads = [json.dumps([i, -i]).encode() for i in range(96)]
     result = asyncio.run(
         run_closed_loop(
-            f"{main_server.url}/predictions/pipelined",
+            f"{main_server.url}/predictions/{model}",
             payloads,
             concurrency=16,
             requests=len(payloads),
@@ -58,4 +66,6 @@ def test_micro_batching_pipeline_serves_a_plain_handler_unchanged(
     assert result.statuses == {200: 96}
     for index, _, body in result.bodies:
         assert json.loads(body) == [2.0 * index, -2.0 * index]
+    if model == "in_processes":
+        assert "preprocess runs in 2 processes" in main_server.log()
     assert "stage pipeline on" in main_server.log()
