@@ -162,3 +162,31 @@ def closed_loop(
             f"errors during the benchmark: {dict(result.statuses)} {dict(result.transport_errors)}"
         )
     return result
+
+
+def alternating_rounds(
+    url: str,
+    models: dict[str, tuple[list[bytes], str]],
+    concurrency: int,
+    requests: int,
+    rounds: int,
+    unit: str = "req/s",
+) -> dict[str, list[float]]:
+    """Throughput of each model (name -> payloads, content type) served at ``url``, after a
+    warm-up, over ``rounds`` rounds whose order alternates so drift hits every model alike."""
+    for name, (payloads, content_type) in models.items():
+        closed_loop(
+            f"{url}/predictions/{name}", payloads, concurrency, 2 * concurrency, content_type
+        )
+    figures: dict[str, list[float]] = {name: [] for name in models}
+    for index in range(rounds):
+        order = list(models) if index % 2 == 0 else list(reversed(models))
+        for name in order:
+            payloads, content_type = models[name]
+            result = closed_loop(
+                f"{url}/predictions/{name}", payloads, concurrency, requests, content_type
+            )
+            figures[name].append(result.throughput)
+        measured = ", ".join(f"{name} {figures[name][-1]:.1f}" for name in models)
+        print(f"round {index + 1}: {measured} {unit}", flush=True)
+    return figures

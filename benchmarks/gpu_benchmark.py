@@ -36,7 +36,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import closed_loop, jpeg_inputs, machine_description, publish
+from benchmarks.common import alternating_rounds, jpeg_inputs, machine_description, publish
 from examples.models.resnet import resnet18, resnet50
 from ferry.handlers.model_loading import load_model
 from ferry.handlers.optimize import Optimizations, optimize_model, prepare_input
@@ -194,30 +194,16 @@ def main() -> None:
         "application/octet-stream": pixel_payloads(64),
         "image/jpeg": jpeg_inputs(64, 480),
     }
-    figures: dict[str, list[float]] = {name: [] for name in models}
     specs = [f"{name}={archive_name}" for name, (archive_name, _) in models.items()]
     with ferry_server(store, specs, tmp, "--access-log", "false") as server:
-        for name, (_, content_type) in models.items():  # warm-up
-            closed_loop(
-                f"{server.url}/predictions/{name}",
-                payloads[content_type],
-                concurrency,
-                4 * concurrency,
-                content_type,
-            )
-        for index in range(args.rounds):
-            names = list(models) if index % 2 == 0 else list(reversed(models))
-            for name in names:
-                content_type = models[name][1]
-                result = closed_loop(
-                    f"{server.url}/predictions/{name}",
-                    payloads[content_type],
-                    concurrency,
-                    args.requests,
-                    content_type,
-                )
-                figures[name].append(result.throughput)
-                print(f"round {index + 1} {name}: {result.throughput:.0f} img/s", flush=True)
+        figures = alternating_rounds(
+            server.url,
+            {name: (payloads[kind], kind) for name, (_, kind) in models.items()},
+            concurrency,
+            args.requests,
+            args.rounds,
+            "img/s",
+        )
     report(args, device, limit, best_batch, concurrency, figures)
 
 

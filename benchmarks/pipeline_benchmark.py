@@ -26,7 +26,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import closed_loop, machine_description, publish
+from benchmarks.common import alternating_rounds, machine_description, publish
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.server import ferry_server
 
@@ -87,10 +87,6 @@ def small_cnn_archive(store: Path, name: str, pipeline: bool) -> str:
     return write_archive(spec, store, force=True).name
 
 
-def throughput(url: str, payloads: list[bytes], requests: int) -> float:
-    return closed_loop(url, payloads, 16, requests, "image/jpeg").throughput
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pipeline.md"))
@@ -104,21 +100,15 @@ def main() -> None:
     pipelined = small_cnn_archive(store, "pipelined", pipeline=True)
     payloads = photos(24)
     models = [f"sequential={sequential}", f"pipelined={pipelined}"]
-    figures: dict[str, list[float]] = {"sequential": [], "pipelined": []}
     with ferry_server(store, models, tmp, "--access-log", "false") as server:
-        for name in figures:
-            throughput(f"{server.url}/predictions/{name}", payloads, 32)  # warm-up
-        for index in range(args.rounds):
-            order = ["sequential", "pipelined"] if index % 2 == 0 else ["pipelined", "sequential"]
-            for name in order:
-                figures[name].append(
-                    throughput(f"{server.url}/predictions/{name}", payloads, args.requests)
-                )
-            print(
-                f"round {index + 1}: sequential {figures['sequential'][-1]:.1f}, pipelined "
-                f"{figures['pipelined'][-1]:.1f} img/s",
-                flush=True,
-            )
+        figures = alternating_rounds(
+            server.url,
+            {name: (payloads, "image/jpeg") for name in ("sequential", "pipelined")},
+            16,
+            args.requests,
+            args.rounds,
+            "img/s",
+        )
     ratios = [p / s for p, s in zip(figures["pipelined"], figures["sequential"], strict=True)]
     med = statistics.median
     publish(

@@ -24,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import closed_loop, machine_description, publish
+from benchmarks.common import alternating_rounds, machine_description, publish
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.server import ferry_server
 
@@ -78,21 +78,15 @@ def main() -> None:
     store.mkdir()
     models = {pool: archive(store, pool, pool) for pool in ("thread", "process")}
     bodies = payloads(32)
-    figures: dict[str, list[float]] = {pool: [] for pool in models}
     specs = [f"{pool}={name}" for pool, name in models.items()]
     with ferry_server(store, specs, tmp, "--access-log", "false") as server:
-        for pool in models:
-            closed_loop(f"{server.url}/predictions/{pool}", bodies, 16, 48)  # warm-up
-        for index in range(args.rounds):
-            order = list(models) if index % 2 == 0 else list(reversed(models))
-            for pool in order:
-                result = closed_loop(f"{server.url}/predictions/{pool}", bodies, 16, args.requests)
-                figures[pool].append(result.throughput)
-            print(
-                f"round {index + 1}: thread {figures['thread'][-1]:.1f}, process "
-                f"{figures['process'][-1]:.1f} req/s",
-                flush=True,
-            )
+        figures = alternating_rounds(
+            server.url,
+            {pool: (bodies, "application/octet-stream") for pool in models},
+            16,
+            args.requests,
+            args.rounds,
+        )
     ratios = [p / t for p, t in zip(figures["process"], figures["thread"], strict=True)]
     med = statistics.median
     publish(
