@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import alternating_rounds, jpeg_inputs, machine_description, publish
 from examples.models.resnet import resnet18, resnet50
+from ferry.handlers.gpu_decode import load_gpu_jpeg_decoder
 from ferry.handlers.model_loading import load_model
 from ferry.handlers.optimize import Optimizations, optimize_model, prepare_input
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -140,7 +141,7 @@ def server_models(
         "jpeg-sequential": ("image_classifier", base, "image/jpeg"),
         "jpeg-pipelined": ("image_classifier", {**base, "micro_batching": pipeline}, "image/jpeg"),
     }
-    if device.type == "cuda" and _torchvision_usable():
+    if load_gpu_jpeg_decoder(device) is not None:  # a GPU and a usable torchvision
         variants["jpeg-gpu-decode"] = (
             "image_classifier",
             {**base, "micro_batching": pipeline, "image_classifier": {"gpu_decode": True}},
@@ -150,14 +151,6 @@ def server_models(
         name: (archive(store, name, weights, handler, config), content_type)
         for name, (handler, config, content_type) in variants.items()
     }
-
-
-def _torchvision_usable() -> bool:
-    try:
-        import torchvision.io  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 def pixel_payloads(count: int) -> list[bytes]:

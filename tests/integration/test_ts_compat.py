@@ -25,19 +25,26 @@ def test_torchserve_style_handler_serves(main_server: RunningServer) -> None:
 
 
 def test_torchserve_style_handler_batches(main_server: RunningServer) -> None:
-    payloads = [json.dumps([i, i + 1]).encode() for i in range(64)]
+    answers = _answers_under_load(main_server, "doubler", [[i, i + 1] for i in range(64)])
+    assert answers == [[2.0 * i, 2.0 * (i + 1)] for i in range(64)]
+
+
+def _answers_under_load(
+    server: RunningServer, model: str, rows: list[list[int]]
+) -> list[list[float]]:
+    """Each row sent once at concurrency 16; the answers in request order (all must be 200)."""
+    payloads = [json.dumps(row).encode() for row in rows]
     result = asyncio.run(
         run_closed_loop(
-            f"{main_server.url}/predictions/doubler",
+            f"{server.url}/predictions/{model}",
             payloads,
             concurrency=16,
             requests=len(payloads),
             keep_bodies=True,
         )
     )
-    assert result.statuses == {200: 64}
-    for index, _, body in result.bodies:
-        assert json.loads(body) == [2.0 * index, 2.0 * (index + 1)]
+    assert result.statuses == {200: len(rows)}
+    return [json.loads(body) for _, _, body in sorted(result.bodies)]
 
 
 def test_ferry_installs_no_top_level_ts_package() -> None:
@@ -53,19 +60,8 @@ def test_micro_batching_pipeline_serves_a_plain_handler_unchanged(
     with main_server.client() as client:
         refused = client.post(f"/predictions/{model}", content=b'{"a": 1}')
         assert refused.status_code == 422
-    payloads = [json.dumps([i, -i]).encode() for i in range(96)]
-    result = asyncio.run(
-        run_closed_loop(
-            f"{main_server.url}/predictions/{model}",
-            payloads,
-            concurrency=16,
-            requests=len(payloads),
-            keep_bodies=True,
-        )
-    )
-    assert result.statuses == {200: 96}
-    for index, _, body in result.bodies:
-        assert json.loads(body) == [2.0 * index, -2.0 * index]
+    answers = _answers_under_load(main_server, model, [[i, -i] for i in range(96)])
+    assert answers == [[2.0 * i, -2.0 * i] for i in range(96)]
     if model == "in_processes":
         assert "preprocess runs in 2 processes" in main_server.log()
     assert "stage pipeline on" in main_server.log()
