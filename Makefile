@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[bench,onnx]'
 	touch $(STAMP)
 
 venv: $(STAMP)

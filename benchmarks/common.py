@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import random
-import sys
 import tempfile
 import time
 import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,9 @@ from examples.models.resnet import resnet18
 from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.config.settings import available_cores
 from ferry.handlers.context import Context
+from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, write_archive
+from ferry.worker.loading import load_handler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +61,7 @@ def resnet18_archive(store: Path, batch_size: int, max_batch_delay_ms: int) -> s
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         folder = Path(tmp)
-        traced = torch.jit.trace(model, torch.randn(1, 3, 224, 224))
+        traced = torch.jit.trace(model, torch.randn(1, 3, 224, 224))  # type: ignore[no-untyped-call]
         traced.save(str(folder / "resnet18.pt"))
         config = folder / "model-config.yaml"
         config.write_text(
@@ -105,16 +104,18 @@ def offline_handler(store: Path, archive: str, batch_size: int) -> tuple[Any, Co
     Configure torch with ``configure_torch`` first, and start the process with
     ``worker_environment``, so torch runs as in a worker.
     """
-    from ferry.handlers.loader import load_entry_point
-
     folder = Path(tempfile.mkdtemp(prefix="offline-"))
-    with zipfile.ZipFile(store / archive) as zf:
-        zf.extractall(folder)
-    manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
-    config = yaml.safe_load((folder / "model-config.yaml").read_text())
-    sys.path.insert(0, str(folder))
-    context = Context("offline", str(folder), manifest, batch_size, None, model_yaml_config=config)
-    return load_entry_point(manifest["model"]["handler"], context), context
+    opened = open_model(store, archive, folder)
+    ready = load_handler(
+        str(opened.model_dir),
+        opened.manifest.handler,
+        opened.manifest.document,
+        opened.config.raw,
+        batch_size=batch_size,
+        gpu_id=None,
+        name="offline",
+    )
+    return ready.entry, ready.context
 
 
 def time_batches(

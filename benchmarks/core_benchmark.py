@@ -33,10 +33,10 @@ from benchmarks.common import (
     resnet18_archive,
     time_batches,
 )
+from benchmarks.server import ferry_server
 from ferry.bench.load import LoadResult
 from ferry.config.settings import available_cores, threads_per_worker
 from ferry.worker.torch_setup import configure_torch, worker_environment
-from tests.fixtures.server import ferry_server
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 

@@ -37,12 +37,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import alternating_rounds, jpeg_inputs, machine_description, publish
+from benchmarks.server import ferry_server
 from examples.models.resnet import resnet18, resnet50
 from ferry.handlers.gpu_decode import load_gpu_jpeg_decoder
 from ferry.handlers.model_loading import load_model
 from ferry.handlers.optimize import Optimizations, optimize_model, prepare_input
 from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.server import ferry_server
 
 HANDLERS = Path(__file__).resolve().parent / "handlers"
 MODELS = {"resnet50": resnet50, "resnet18": resnet18}
@@ -63,7 +63,8 @@ def trace(model_name: str, folder: Path) -> Path:
     path = folder / f"{model_name}.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.trace(model, torch.randn(1, 3, 224, 224)).save(str(path))
+        traced = torch.jit.trace(model, torch.randn(1, 3, 224, 224))  # type: ignore[no-untyped-call]
+        traced.save(str(path))
     return path
 
 
@@ -86,7 +87,7 @@ def offline_limit(
             inputs, _ = prepare_input(torch.randn(batch, 3, 224, 224), options, device)
             for _ in range(3):
                 model(inputs)
-            timings = []
+            timings: list[float] = []
             deadline = time.perf_counter() + seconds
             while time.perf_counter() < deadline or len(timings) < 5:
                 _synchronize(device)

@@ -15,12 +15,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_description, noop_archive, publish
-from tests.fixtures.server import ferry_server
+from benchmarks.server import ferry_server
 
 FERRY = str(Path(sys.executable).parent / "ferry")
 
@@ -100,7 +101,7 @@ def main() -> None:
         url = f"{server.url}/predictions/noop"
         ab_rps(url, payload, args.concurrency, 2000)  # warm-up
         for index in range(args.rounds):
-            measure = [
+            measure: list[Callable[[], None]] = [
                 lambda: ferry_figures.append(
                     ferry_rps(url, payload, args.concurrency, args.requests, tmp / "out")
                 ),

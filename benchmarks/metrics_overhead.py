@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import closed_loop, machine_description, noop_archive, publish
+from benchmarks.server import ferry_server
 from ferry.metrics.definitions import FerryMetrics
-from tests.fixtures.server import ferry_server
 
 
 def throughput(url: str, requests: int) -> float:

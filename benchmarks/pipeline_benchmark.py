@@ -27,8 +27,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import alternating_rounds, machine_description, publish
+from benchmarks.server import ferry_server
 from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.server import ferry_server
 
 PIPELINE = {
     "micro_batch_size": 2,
@@ -68,7 +68,8 @@ def small_cnn_archive(store: Path, name: str, pipeline: bool) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.trace(model, torch.randn(1, 3, 448, 448)).save(str(folder / "cnn.pt"))
+        traced = torch.jit.trace(model, torch.randn(1, 3, 448, 448))  # type: ignore[no-untyped-call]
+        traced.save(str(folder / "cnn.pt"))
     config = {
         "minWorkers": 1,
         "batchSize": 8,

@@ -25,8 +25,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import alternating_rounds, machine_description, publish
+from benchmarks.server import ferry_server
 from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.server import ferry_server
 
 HANDLER = Path(__file__).resolve().parent / "handlers" / "python_preprocess.py"
 FEATURES = 20_000
@@ -39,7 +39,8 @@ def archive(store: Path, name: str, pool: str) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         model = torch.nn.Linear(FEATURES, 10).eval()
-        torch.jit.trace(model, torch.randn(1, FEATURES)).save(str(folder / "linear.pt"))
+        traced = torch.jit.trace(model, torch.randn(1, FEATURES))  # type: ignore[no-untyped-call]
+        traced.save(str(folder / "linear.pt"))
     config = {
         "minWorkers": 1,
         "batchSize": 8,

@@ -9,6 +9,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -37,7 +38,7 @@ def build(out: Path, size: int = 64) -> list[Path]:
             # The archive's model file defines exactly one nn.Module, as loading requires.
             source = MODELS.read_text()
             (folder / "model.py").write_text(_single_class(source, class_name))
-            config = {
+            config: dict[str, Any] = {
                 "minWorkers": 1,
                 "batchSize": 4,
                 "maxBatchDelay": 10,

@@ -13,6 +13,8 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ResponseTimeout        the worker did not answer within responseTimeout
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
     ├── ArchiveError           an archive or model folder cannot be read
+    │   └── ModelConfigError   its model-config.yaml (or a per-model override) is invalid;
+    │                          also a ConfigError, so start-up stops with exit status 2
     ├── ConfigError            a setting is invalid
     ├── InvalidRequest         a management call with missing or invalid parameters
     ├── ModelAlreadyExists     that model version is already registered
@@ -79,6 +81,11 @@ class ArchiveError(FerryError):
 
 class ConfigError(FerryError):
     pass
+
+
+class ModelConfigError(ArchiveError, ConfigError):
+    """model-config.yaml, or a per-model override, is invalid: registration answers 400,
+    start-up stops as for any invalid setting."""
 
 
 class InvalidRequest(FerryError):

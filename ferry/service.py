@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.config.model_config import apply_overrides
@@ -28,40 +27,29 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
-from ferry.scheduling.jobs import InferenceResponse, Job, next_request_id
+from ferry.scheduling.jobs import Job, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.placement import model_gpus
+from ferry.scheduling.pool import RecyclePolicy
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
+from ferry.service_types import (
+    Health,
+    InputPart,
+    ModelPage,
+    ModelRef,
+    Prediction,
+    Readiness,
+    RegisterRequest,
+    Registration,
+)
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
 from ferry.store.remote import fetch_archive, is_remote
-from ferry.worker.messages import InputPart, RequestItem
+from ferry.worker import messages
+from ferry.worker.handle import WorkerFactory
 from ferry.worker.spec import WorkerSpec
 
 log = logging.getLogger("ferry.service")
-
-
-@dataclass(frozen=True)
-class RegisterRequest:
-    """``POST /models``: TorchServe's parameters; None means "from the archive or default"."""
-
-    url: str
-    model_name: str | None = None
-    handler: str | None = None
-    runtime: str | None = None
-    batch_size: int | None = None
-    max_batch_delay_ms: float | None = None
-    initial_workers: int | None = None
-    synchronous: bool = False
-    response_timeout: float | None = None
-    startup_timeout: float | None = None
-
-
-@dataclass(frozen=True)
-class ModelPage:
-    models: list[tuple[str, str]]
-    """(model name, archive of its default version)."""
-    next_page_token: str | None
 
 
 def _visible_gpus() -> int:
@@ -73,8 +61,9 @@ def _visible_gpus() -> int:
 class FerryService:
     """Predict, health and model management, independent of any transport."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, start_worker: WorkerFactory | None = None) -> None:
         self.settings = settings
+        self._start_worker = start_worker or _local_worker_factory()
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._background: set[asyncio.Task[None]] = set()
@@ -86,15 +75,24 @@ class FerryService:
 
     # --- data plane ----------------------------------------------------------------------
 
-    def runner(self, model: str, version: str | None = None) -> ModelRunner:
+    def _runner(self, model: str, version: str | None = None) -> ModelRunner:
         return self.registry.get(model, version).runner
+
+    def resolve(self, model: str, version: str | None = None) -> ModelRef:
+        """The registered version a request names (its default when ``version`` is None);
+        raises ``ModelNotFound``, so a transport can answer 404 before reading a body."""
+        entry = self.registry.get(model, version)
+        return ModelRef(entry.archive.name, entry.archive.version)
 
     async def predict(
         self, model: str, version: str | None, parts: list[InputPart], headers: dict[str, str]
-    ) -> InferenceResponse:
-        runner = self.runner(model, version)
+    ) -> Prediction:
+        runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
-        job = Job(RequestItem(next_request_id(), headers, parts), loop.create_future())
+        wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
+        job = Job(
+            messages.RequestItem(next_request_id(), headers, wire_parts), loop.create_future()
+        )
         runner.submit(job)
         try:
             answer = await job.future
@@ -105,11 +103,39 @@ class FerryService:
                 f"response of {len(answer.body)} bytes exceeds max_response_size "
                 f"{self.settings.max_response_size}"
             )
-        return answer
+        return Prediction(
+            answer.body,
+            answer.content_type,
+            answer.status,
+            answer.headers,
+            answer.batch_size,
+            answer.queued_seconds,
+        )
 
-    def is_healthy(self) -> bool:
-        """True when every model version has its minimum workers ready."""
-        return all(entry.runner.is_healthy() for entry in self.registry.all_versions())
+    def health(self) -> Health:
+        """TorchServe's ``/ping`` rule over the models loaded at start-up: Healthy when each
+        has its minimum workers running, Partial Healthy when some run, Unhealthy when none
+        do. Models registered later do not change it; their readiness is per model."""
+        expected = running = 0
+        for entry in self.registry.all_versions():
+            if entry.loaded_at_startup:
+                expected += len(entry.runner.slots)
+                running += min(entry.runner.ready_workers, len(entry.runner.slots))
+        if running >= expected:
+            return Health("Healthy")
+        return Health("Partial Healthy" if running > 0 else "Unhealthy")
+
+    def readiness(self, model: str, version: str | None = None) -> Readiness:
+        """Whether one model version can take requests now (for orchestrators' probes)."""
+        entry = self.registry.get(model, version)
+        runner = entry.runner
+        ref = ModelRef(entry.archive.name, entry.archive.version)
+        if runner.is_ready():
+            return Readiness(ref, True)
+        reason = runner.last_error() or (
+            "no workers: scale the model up" if not runner.slots else "workers are starting"
+        )
+        return Readiness(ref, False, reason)
 
     # --- loading -------------------------------------------------------------------------
 
@@ -139,6 +165,12 @@ class FerryService:
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
+            recycle=RecyclePolicy(
+                max_requests=config.max_requests_per_worker,
+                max_rss_bytes=None
+                if config.max_worker_memory_mb is None
+                else config.max_worker_memory_mb << 20,
+            ),
         )
 
     def _start(
@@ -158,7 +190,9 @@ class FerryService:
             worker_id="w0",
         )
         metrics = self.metrics.for_model(archive.name, archive.version)
-        runner = ModelRunner(archive.name, archive.version, spec, runner_settings, metrics)
+        runner = ModelRunner(
+            archive.name, archive.version, spec, runner_settings, self._start_worker, metrics
+        )
         entry = ModelVersion(archive, runner, at_startup)
         self.registry.add(entry)
         entry.runner.start()
@@ -170,8 +204,9 @@ class FerryService:
             return
         if store is None:
             raise ConfigError("--models needs --model-store")
+        # Unpacking runs in a thread: the event loop keeps answering while archives open.
         archives = [
-            self._open_startup_model(store, name, relative)
+            await asyncio.to_thread(self._open_startup_model, store, name, relative)
             for name, relative in self._startup_entries(store, entries)
         ]
         started = [self._start(archive, at_startup=True) for archive in archives]
@@ -234,7 +269,9 @@ class FerryService:
         relative = request.url
         if is_remote(request.url):
             relative = await fetch_archive(request.url, store, self.settings.allowed_urls)
-        archive = open_model(store, relative, Path(self._work_dir.name), request.model_name)
+        archive = await asyncio.to_thread(
+            open_model, store, relative, Path(self._work_dir.name), request.model_name
+        )
         if request.runtime is not None and request.runtime.lower() != "python":
             raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
         if request.handler:
@@ -250,21 +287,24 @@ class FerryService:
             config = config.merged(min_workers=0)  # TorchServe's default for registration
         return dataclasses.replace(archive, config=config)
 
-    async def register(self, request: RegisterRequest) -> tuple[ModelVersion, bool]:
-        """Register a model version; returns it and whether its workers are up already.
+    async def register(self, request: RegisterRequest) -> Registration:
+        """Register a model version; says whether its workers are up already.
 
-        A synchronous registration whose workers all fail to load is rolled back.
+        A registration whose workers all fail to load is rolled back (a synchronous one
+        raises ``ModelLoadFailed`` with the reason).
         """
         self._require_model_api()
         archive = await self._open_for_registration(request)
         entry = self._start(archive, at_startup=False, startup_timeout=request.startup_timeout)
-        if not request.synchronous and entry.runner.slots:
+        ref = ModelRef(archive.name, archive.version)
+        workers = len(entry.runner.slots)
+        if not request.synchronous and workers:
             task = asyncio.create_task(self._unless_loaded(entry))
             self._background.add(task)
             task.add_done_callback(self._background_done)
-            return entry, False
+            return Registration(ref, workers, ready=False)
         await self._unless_loaded(entry)
-        return entry, True
+        return Registration(ref, workers, ready=True)
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
@@ -286,21 +326,24 @@ class FerryService:
         self.metrics.forget_model(archive.name, archive.version)
         raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
 
-    async def unregister(self, name: str, version: str | None) -> ModelVersion:
+    async def unregister(self, name: str, version: str | None) -> ModelRef:
         self._require_model_api()
         entry = self.registry.remove(name, version)
         await entry.runner.stop()
         self.metrics.forget_model(entry.archive.name, entry.archive.version)
-        return entry
+        return ModelRef(entry.archive.name, entry.archive.version)
 
     async def scale(
         self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
-    ) -> ModelVersion:
+    ) -> Registration:
+        """Run ``min_worker`` workers. Synchronously, raises ``ModelLoadFailed`` with the
+        reason when new workers fail to come up (and leaves the model as it was)."""
         if min_worker < 0 or max_worker < min_worker:
             raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
         entry = self.registry.get(name, version)
         await entry.runner.scale(min_worker, max_worker, wait=synchronous)
-        return entry
+        ref = ModelRef(entry.archive.name, entry.archive.version)
+        return Registration(ref, len(entry.runner.slots), ready=synchronous)
 
     def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
@@ -312,6 +355,10 @@ class FerryService:
         else:
             entries = [self.registry.get(name, version)]
         return [model_status(entry) for entry in entries]
+
+    def all_statuses(self) -> list[ModelStatus]:
+        """Every registered version, by model name (the start-up summary)."""
+        return [model_status(entry) for entry in self.registry.all_versions()]
 
     def list_models(self, limit: int, page_token: int) -> ModelPage:
         """A page of models (default versions), TorchServe's paging rules."""
@@ -332,10 +379,10 @@ class FerryService:
             runner = entry.runner
             states: dict[str, int] = {}
             for slot in runner.slots:
-                states[slot.state] = states.get(slot.state, 0) + 1
-                if slot.worker is not None:
-                    label = f"{runner.name}/{runner.version}/w{slot.index}"
-                    workers.append((label, slot.worker.pid))
+                states[slot.state.value] = states.get(slot.state.value, 0) + 1
+                pid = slot.worker.info.pid if slot.worker is not None else None
+                if pid is not None:
+                    workers.append((f"{runner.name}/{runner.version}/w{slot.index}", pid))
             runner.metrics.set_queue_and_workers(len(runner.queue), states)
         self.metrics.record_processes(workers)
         if self._gpus:
@@ -349,4 +396,10 @@ class FerryService:
         self._work_dir.cleanup()
 
 
-__all__ = ["FerryService", "ModelPage", "RegisterRequest"]
+def _local_worker_factory() -> WorkerFactory:
+    from ferry.worker.process import WorkerProcess
+
+    return WorkerProcess.start
+
+
+__all__ = ["FerryService"]

@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ferry.procinfo import resident_bytes
-from ferry.scheduling.model_runner import WorkerSlot
+from ferry.scheduling.pool import SlotState, WorkerSlot
 from ferry.scheduling.registry import ModelVersion
 
 _STATES = {
-    "ready": "READY",
-    "busy": "READY",
-    "starting": "STARTING",
-    "restarting": "STARTING",
-    "failed": "FAILED",
-    "stopped": "UNLOADING",
+    SlotState.READY: "READY",
+    SlotState.BUSY: "READY",
+    SlotState.STARTING: "STARTING",
+    SlotState.RESTARTING: "STARTING",
+    SlotState.FAILED: "STARTING",
+    SlotState.STOPPED: "UNLOADING",
 }
 
 
@@ -27,6 +27,9 @@ class WorkerStatus:
     pid: int | None
     memory_bytes: int
     gpu: bool
+    device: str
+    restarts: int
+    last_error: str
 
 
 @dataclass(frozen=True)
@@ -43,18 +46,27 @@ class ModelStatus:
     workers: list[WorkerStatus]
     queue_capacity: int
     pending_requests: int
+    ready: bool
+    """At least one worker can take requests."""
+    last_error: str
+    """Why a worker last failed to load or died, while the model is short of workers."""
 
 
 def _worker_status(slot: WorkerSlot) -> WorkerStatus:
-    worker = slot.worker
-    pid = worker.pid if worker is not None else None
+    info = slot.worker.info if slot.worker is not None else None
+    pid = info.pid if info is not None else None
+    device = info.device if info is not None else ""
     return WorkerStatus(
         id=f"{slot.index}",
         start_time=slot.ready_since,
-        status=_STATES.get(slot.state, slot.state.upper()),
+        # FAILED only once the slot gave up; a failed start about to be retried is STARTING.
+        status="FAILED" if slot.gave_up else _STATES[slot.state],
         pid=pid,
         memory_bytes=resident_bytes(pid) if pid is not None else 0,
-        gpu=worker is not None and worker.device.startswith("cuda"),
+        gpu=device.startswith("cuda"),
+        device=device,
+        restarts=slot.restarts,
+        last_error=slot.last_error,
     )
 
 
@@ -73,4 +85,6 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         workers=[_worker_status(slot) for slot in runner.slots],
         queue_capacity=runner.queue.capacity,
         pending_requests=len(runner.queue),
+        ready=runner.is_ready(),
+        last_error=runner.last_error(),
     )

@@ -28,4 +28,5 @@ class ShapesNet(nn.Module):
         self.classifier = nn.Linear(64, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.flatten(self.features(x), 1))
+        logits: torch.Tensor = self.classifier(torch.flatten(self.features(x), 1))
+        return logits

@@ -12,7 +12,9 @@ LABELS = ("circle", "square", "triangle", "star", "cross")
 IMAGE_SIZE = 64
 
 
-def _polygon(cx: float, cy: float, radius: float, corners: int, angle: float, inner: float = 1.0):
+def _polygon(
+    cx: float, cy: float, radius: float, corners: int, angle: float, inner: float = 1.0
+) -> list[tuple[float, float]]:
     points = []
     steps = corners * (2 if inner < 1 else 1)
     for i in range(steps):
@@ -22,7 +24,7 @@ def _polygon(cx: float, cy: float, radius: float, corners: int, angle: float, in
     return points
 
 
-def _cross(cx: float, cy: float, radius: float, angle: float):
+def _cross(cx: float, cy: float, radius: float, angle: float) -> list[tuple[float, float]]:
     w = radius * 0.35
     outline = [
         (-w, -radius),

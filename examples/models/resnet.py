@@ -21,7 +21,8 @@ class BasicBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + self.downsample(x))
+        result: torch.Tensor = self.relu(out + self.downsample(x))
+        return result
 
 
 class Bottleneck(nn.Module):
@@ -42,7 +43,8 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + self.downsample(x))
+        result: torch.Tensor = self.relu(out + self.downsample(x))
+        return result
 
 
 def _shortcut(inputs: int, outputs: int, stride: int) -> nn.Module:
@@ -75,7 +77,8 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(self.avgpool(x), 1))
+        return logits
 
 
 def resnet18(num_classes: int = 1000) -> ResNet:

@@ -66,4 +66,5 @@ class TinyEmbedder(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        embedding: torch.Tensor = self.body(x)
+        return embedding

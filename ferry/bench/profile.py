@@ -17,9 +17,9 @@ import torch
 
 from ferry.bench.stats import percentile
 from ferry.handlers.context import Context
-from ferry.handlers.loader import load_entry_point
 from ferry.handlers.optimize import Optimizations
 from ferry.store.archive import ModelArchive, open_model
+from ferry.worker import loading
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_GAIN = 1.03
@@ -54,23 +54,22 @@ class LoadedHandler:
 
 
 def load_handler(source: Path, work_dir: Path, device: str) -> LoadedHandler:
-    """Open an archive or folder and initialise its handler in this process."""
+    """Open an archive or folder and initialise its handler in this process, as a worker
+    does (``ts`` shim, stage pipeline when configured)."""
     archive = open_model(source.parent, source.name, work_dir)
     gpu = 0 if device == "cuda" else None
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available")
-    sys.path.insert(0, str(archive.model_dir))
-    context = Context(
-        archive.name,
+    ready = loading.load_handler(
         str(archive.model_dir),
+        archive.manifest.handler,
         archive.manifest.document,
-        1,
-        gpu,
-        model_yaml_config=archive.config.raw,
+        archive.config.raw,
+        batch_size=1,
+        gpu_id=gpu,
+        name=archive.name,
     )
-    entry = load_entry_point(archive.manifest.handler, context)
-    service = getattr(entry, "__self__", None)
-    return LoadedHandler(archive, context, entry, service, torch.device(device))
+    return LoadedHandler(archive, ready.context, ready.entry, ready.instance, torch.device(device))
 
 
 def active_optimizations(loaded: LoadedHandler) -> dict[str, Any]:

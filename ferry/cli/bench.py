@@ -1,23 +1,65 @@
-"""``ferry bench``: measure models and servers."""
+"""``ferry bench``: measure models and servers.
+
+The bench tools need the ``bench`` extra (aiohttp, httpx, matplotlib), which the server does
+not: ``ferry.bench`` is imported only once a bench command runs, and a missing extra is
+reported in one line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ferry.bench.load import LoadSpec, run_load
-from ferry.bench.load_report import format_summary, load_summary
-from ferry.bench.server_stats import scrape, server_figures
+if TYPE_CHECKING:
+    from ferry.bench.load import LoadSpec
+
+Command = Callable[[argparse.Namespace], int]
+
+BENCH_EXTRA_MODULES = ("aiohttp", "httpx", "matplotlib")
+"""The modules ``pip install 'ferry-serve[bench]'`` brings."""
+
+
+def needing_bench_extra(command: Command, *modules: str) -> Command:
+    """``command``, run only once ``modules`` (from the bench extra) import.
+
+    They are imported before the command starts, so a sweep does not run for an hour and
+    then fail to plot; a bench module importing one of them later is caught the same way.
+    """
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            for name in modules:
+                importlib.import_module(name)
+            return command(args)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").partition(".")[0]
+            if missing not in BENCH_EXTRA_MODULES:
+                raise
+            print(
+                f"ferry bench {args.tool}: needs the 'bench' extra: "
+                f"pip install 'ferry-serve[bench]' (missing module {missing})",
+                file=sys.stderr,
+            )
+            return 2
+
+    return run
 
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("bench", help="measure models and servers")
+    parser = commands.add_parser(
+        "bench",
+        help="measure models and servers",
+        description="Measure models and servers. Needs the 'bench' extra: "
+        "pip install 'ferry-serve[bench]'",
+    )
     tools = parser.add_subparsers(dest="tool", required=True)
     load = tools.add_parser(
         "load",
@@ -39,7 +81,7 @@ def add_parser(commands: Any) -> None:
     )
     load.add_argument("--out", type=Path, help="folder for load.json")
     load.add_argument("--seed", type=int, default=0, help="open-loop arrival seed")
-    load.set_defaults(run=run_load_command)
+    load.set_defaults(run=needing_bench_extra(run_load_command, "aiohttp"))
 
     profile = tools.add_parser(
         "profile",
@@ -54,7 +96,7 @@ def add_parser(commands: Any) -> None:
     profile.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
     profile.add_argument("--seconds", type=float, default=2.0, help="timing per point")
     profile.add_argument("--out", type=Path, help="folder for profile.csv/.json/.png")
-    profile.set_defaults(run=run_profile_command)
+    profile.set_defaults(run=needing_bench_extra(run_profile_command, "matplotlib"))
 
     sweep = tools.add_parser(
         "sweep",
@@ -64,7 +106,7 @@ def add_parser(commands: Any) -> None:
     )
     sweep.add_argument("spec", type=Path)
     sweep.add_argument("--out", type=Path, default=Path("sweep-results"))
-    sweep.set_defaults(run=run_sweep_command)
+    sweep.set_defaults(run=needing_bench_extra(run_sweep_command, *BENCH_EXTRA_MODULES))
 
     tune = tools.add_parser(
         "tune", help="highest throughput whose p99 meets an SLO; writes model-config.yaml"
@@ -80,7 +122,7 @@ def add_parser(commands: Any) -> None:
     tune.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
     tune.add_argument("--requests", type=int, default=200, help="per measurement")
     tune.add_argument("--out", type=Path, default=Path("tune-results"))
-    tune.set_defaults(run=run_tune_command)
+    tune.set_defaults(run=needing_bench_extra(run_tune_command, *BENCH_EXTRA_MODULES))
 
 
 def _default_metrics_url(url: str) -> str | None:
@@ -96,6 +138,10 @@ def _model_name(url: str) -> str | None:
 
 
 async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
+    from ferry.bench.load import run_load
+    from ferry.bench.load_report import load_summary
+    from ferry.bench.server_stats import scrape, server_figures
+
     before = await scrape(metrics_url) if metrics_url else None
     result = await run_load(spec)
     summary = load_summary(spec, result)
@@ -108,6 +154,9 @@ async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
 
 
 def run_load_command(args: argparse.Namespace) -> int:
+    from ferry.bench.load import LoadSpec
+    from ferry.bench.load_report import format_summary
+
     for name, value in (
         ("concurrency", args.concurrency),
         ("rate", args.rate),

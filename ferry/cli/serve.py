@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,16 +77,25 @@ def _run_loop(coroutine: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ferry.http.server import run_server
-    from ferry.logs import configure_logging
-
+    """Exit codes: see ``ferry.server``."""
+    # Until the server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        settings = settings_from_args(args)
+        return _serve(args)
     except ConfigError as error:
         print(f"ferry serve: {error.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the server's own signal handlers are in place
+        print("ferry serve: start-up interrupted", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ferry.logs import configure_logging
+    from ferry.server import run_server
+
+    settings = settings_from_args(args)
     configure_logging(settings.log_format, settings.log_level)
     if settings.model_store is not None and not settings.model_store.is_dir():
-        print(f"ferry serve: model store {settings.model_store} is not a folder", file=sys.stderr)
-        return 2
+        raise ConfigError(f"model store {settings.model_store} is not a folder")
     return _run_loop(run_server(settings))

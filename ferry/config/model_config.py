@@ -1,23 +1,49 @@
-"""``model-config.yaml``: per-model settings in TorchServe's keys."""
+"""``model-config.yaml``: per-model settings in TorchServe's keys, and the sections Ferry
+owns (``ferry.config.sections``), parsed and validated once, when the archive is opened.
+
+A document over 1 MiB, or one whose YAML aliases expand it beyond that, is refused before
+it is built: ``safe_load`` of a few hundred bytes of nested aliases is megabytes of data.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ferry.errors import ConfigError
+from ferry.config.sections import (
+    HANDLER_SECTIONS,
+    ImageTransformConfig,
+    MicroBatchingConfig,
+    OptimizationConfig,
+    Reader,
+    choice,
+    integer,
+    integers,
+    number,
+    parse_micro_batching,
+    parse_optimization,
+    read_section,
+)
+from ferry.errors import ModelConfigError
 
-_KNOWN_KEYS = {
-    "minWorkers": "min_workers",
-    "maxWorkers": "max_workers",
-    "batchSize": "batch_size",
-    "maxBatchDelay": "max_batch_delay_ms",
-    "responseTimeout": "response_timeout",
-    "deviceType": "device_type",
-    "deviceIds": "device_ids",
+MAX_DOCUMENT_BYTES = 1 << 20
+"""The largest model-config.yaml, and the most it may expand to through aliases."""
+
+_KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
+    "minWorkers": ("min_workers", integer(0)),
+    "maxWorkers": ("max_workers", integer(0)),
+    "batchSize": ("batch_size", integer(1)),
+    "maxBatchDelay": ("max_batch_delay_ms", number(0.0)),
+    "responseTimeout": ("response_timeout", number(0.0, above_low=True)),
+    "deviceType": ("device_type", choice("cpu", "gpu")),
+    "deviceIds": ("device_ids", integers(0, scalar=True)),
+    "maxRequestsPerWorker": ("max_requests_per_worker", integer(1)),
+    "maxWorkerMemoryMB": ("max_worker_memory_mb", integer(1)),
 }
 
 
@@ -33,6 +59,15 @@ class ModelConfig:
     device_type: str | None = None
     """``cpu`` or ``gpu``; absent means a GPU when one is visible."""
     device_ids: tuple[int, ...] = ()
+    max_requests_per_worker: int | None = None
+    """Ferry: replace a worker (between batches) once it has answered this many requests."""
+    max_worker_memory_mb: int | None = None
+    """Ferry: replace a worker (between batches) once its resident memory exceeds this."""
+    micro_batching: MicroBatchingConfig | None = None
+    """The stage pipeline; None: batches run through the handler whole."""
+    optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
+    handler_sections: Mapping[str, ImageTransformConfig] = field(default_factory=dict)
+    """The built-in handlers' sections present in the document (``image_classifier`` ...)."""
     raw: dict[str, Any] = field(default_factory=dict)
     """The whole YAML document; handlers read it as ``context.model_yaml_config``."""
 
@@ -42,51 +77,96 @@ class ModelConfig:
 
 
 def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
-    values: dict[str, Any] = {}
-    for yaml_key, attr in _KNOWN_KEYS.items():
-        if yaml_key not in document:
-            continue
-        values[attr] = _coerce(attr, document[yaml_key], source=f"{source}: {yaml_key}")
-    return ModelConfig(raw=dict(document), **values)
+    """Every key Ferry reads, validated; errors name the key (``source: optimization:
+    precision: ...``). Unknown top-level keys are left to handlers."""
+    values: dict[str, Any] = {
+        attr: read(document[key], f"{source}: {key}")
+        for key, (attr, read) in _KNOWN_KEYS.items()
+        if key in document
+    }
+    sections = {
+        name: read_section(kind, document[name], f"{source}: {name}")
+        for name, kind in HANDLER_SECTIONS.items()
+        if name in document
+    }
+    return ModelConfig(
+        **values,
+        micro_batching=parse_micro_batching(
+            document.get("micro_batching"), f"{source}: micro_batching"
+        ),
+        optimization=parse_optimization(document.get("optimization"), f"{source}: optimization"),
+        handler_sections=sections,
+        raw=dict(document),
+    )
 
 
 def load_model_config(path: Path) -> ModelConfig:
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path.name}: {exc}") from exc
+        size = path.stat().st_size
+        if size > MAX_DOCUMENT_BYTES:
+            raise ModelConfigError(f"{path.name}: {size} bytes; at most 1 MiB is accepted")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"cannot read {path.name}: {exc}") from exc
+    document = _load_yaml(text, path.name) or {}
     if not isinstance(document, dict):
-        raise ConfigError(f"{path.name}: expected a mapping at the top level")
+        raise ModelConfigError(f"{path.name}: expected a mapping at the top level")
+    try:
+        json.dumps(document)  # it travels to the workers: plain data only
+    except (TypeError, ValueError) as exc:
+        raise ModelConfigError(
+            f"{path.name}: only strings, numbers, booleans, lists and mappings are "
+            f"supported ({exc})"
+        ) from exc
     return parse_model_config(document, source=path.name)
 
 
-def _coerce(attr: str, value: Any, *, source: str) -> Any:
+def _load_yaml(text: str, name: str) -> Any:
+    """``yaml.safe_load``, refusing documents that aliases expand beyond the size limit."""
+    loader = yaml.SafeLoader(text)
     try:
-        if attr in ("min_workers", "max_workers", "batch_size"):
-            number = int(value)
-            if number < (1 if attr == "batch_size" else 0):
-                raise ValueError("out of range")
-            return number
-        if attr in ("max_batch_delay_ms", "response_timeout"):
-            seconds = float(value)
-            if seconds < 0:
-                raise ValueError("negative")
-            return seconds
-        if attr == "device_type":
-            text = str(value).lower()
-            if text not in ("cpu", "gpu"):
-                raise ValueError("expected cpu or gpu")
-            return text
-        if attr == "device_ids":
-            items = value if isinstance(value, list) else [value]
-            return tuple(int(item) for item in items)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: invalid value {value!r} ({exc})") from exc
-    raise AssertionError(attr)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}, set()) > MAX_DOCUMENT_BYTES:
+            raise ModelConfigError(
+                f"{name}: YAML aliases expand the document beyond 1 MiB; write the values out"
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ModelConfigError(f"cannot read {name}: {exc}") from exc
+    except RecursionError:
+        raise ModelConfigError(f"{name}: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """About how many characters ``node`` is once every alias is written out. Aliases
+    share their anchor's node, so each node is measured once."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        return MAX_DOCUMENT_BYTES + 1  # an alias inside its own anchor: endless
+    open_nodes.add(key)
+    if isinstance(node, yaml.ScalarNode):
+        size = 1 + len(node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in node.value)
+    else:
+        size = 1 + sum(
+            _expanded_size(k, sizes, open_nodes) + _expanded_size(v, sizes, open_nodes)
+            for k, v in node.value
+        )
+    open_nodes.discard(key)
+    sizes[key] = size
+    return size
 
 
 def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: str) -> ModelConfig:
-    """config.properties' per-version settings win over the archive's model-config.yaml."""
+    """config.properties' per-version settings win over the archive's model-config.yaml;
+    they are validated by the same rules."""
     known = {key: value for key, value in overrides.items() if key in _KNOWN_KEYS}
     parsed = parse_model_config(known, source=source)
-    return config.merged(**{attr: getattr(parsed, attr) for attr in _KNOWN_KEYS.values()})
+    return config.merged(**{attr: getattr(parsed, attr) for attr, _ in _KNOWN_KEYS.values()})

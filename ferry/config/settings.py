@@ -94,7 +94,12 @@ class ServerSettings:
     disable_token_authorization: bool = False
     """Turn token authorization off (it is on for management, and for inference beyond loopback)."""
     key_file: Path = Path("key_file.json")
-    """Where the API tokens are written, readable by the owner only."""
+    """Where the API tokens are kept, readable by the owner only: reused when it exists,
+    written (once every listener is bound) when it does not."""
+    management_key: str | None = field(default=None, repr=False)
+    """The management API key; when unset, the key file's (or a new one written there)."""
+    inference_key: str | None = field(default=None, repr=False)
+    """The inference API key; when unset, the key file's (or a new one written there)."""
     enable_envvars_config: bool = False
     """Also read TorchServe's ``TS_*`` environment variables."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,18 @@ def _seconds(key: str, text: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{key}: expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{key}: must be positive, got {text}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key}: must be a positive number of seconds, got {text}")
+    return value
+
+
+def _milliseconds(key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number of milliseconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{key}: must be a finite number >= 0, got {text}")
     return value
 
 
@@ -63,6 +74,14 @@ def _address(key: str, text: str) -> Address:
 
 def _path(key: str, text: str) -> Path:
     return Path(text.strip()).expanduser()
+
+
+def _api_key(key: str, text: str) -> str:
+    value = text.strip()
+    if not value or not all(33 <= ord(c) <= 126 for c in value):
+        # The value is a secret: the message never repeats it.
+        raise ConfigError(f"{key}: expected visible ASCII characters without spaces")
+    return value
 
 
 def _list(key: str, text: str) -> tuple[str, ...]:
@@ -124,6 +143,8 @@ OPTIONS = (
     Option("max_request_size", "max_request_size", _integer(1)),
     Option("max_response_size", "max_response_size", _integer(1)),
     Option("default_response_timeout", "default_response_timeout", _seconds),
+    Option("default_batch_size", "default_batch_size", _integer(1)),
+    Option("default_max_batch_delay", "default_max_batch_delay_ms", _milliseconds),
     Option("number_of_gpu", "number_of_gpu", _integer(0)),
     Option("allowed_urls", "allowed_urls", _list),
     Option("enable_metrics_api", "enable_metrics_api", _boolean),
@@ -136,6 +157,8 @@ OPTIONS = (
         switch=True,
     ),
     Option("key_file", "key_file", _path),
+    Option("management_key", "management_key", _api_key),
+    Option("inference_key", "inference_key", _api_key),
     Option("enable_envvars_config", "enable_envvars_config", _boolean, switch=True),
     Option("log_format", "log_format", _choice("plain", "json")),
     Option("access_log", "access_log", _boolean),
@@ -144,7 +167,8 @@ OPTIONS = (
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 
-# TorchServe keys Ferry accepts without using them (the JVM, Netty, snapshots, workflows ...).
+# TorchServe keys Ferry accepts without using them (the JVM, Netty, snapshots, workflows ...);
+# never a key of OPTIONS (tests/unit/test_sources.py checks).
 IGNORED_TORCHSERVE_KEYS = frozenset(
     {
         "vmargs",
@@ -161,7 +185,6 @@ IGNORED_TORCHSERVE_KEYS = frozenset(
         "cors_allowed_headers",
         "unregister_model_timeout",
         "model_server_home",
-        "enable_metrics_api",
         "metrics_mode",
         "metrics_config",
         "grpc_inference_port",

@@ -2,8 +2,8 @@
 
 model-config.yaml may set, under ``image_classifier:``, ``resize``, ``crop``, ``mean``,
 ``std``, ``topk`` and ``gpu_decode`` (decode JPEGs on the worker's GPU when torchvision is
-importable; see ``gpu_decode.py``). An image that cannot be decoded fails alone; the rest of
-its batch is still classified.
+importable; see ``gpu_decode.py``); ``ferry.config.sections`` defines and checks them. An
+image that cannot be decoded fails alone; the rest of its batch is still classified.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ferry.config.sections import ImageClassifierConfig, handler_section, read_section
 from ferry.errors import InvalidInput
 from ferry.handlers.base_handler import BaseHandler, timed_stage
 from ferry.handlers.context import Context
@@ -40,9 +41,9 @@ class VisionHandler(BaseHandler):
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
-        settings = context.model_yaml_config.get(self.config_section) or {}
-        self.transform = ImageTransform.from_config(settings)
-        if settings.get("gpu_decode"):
+        section = handler_section(context.model_yaml_config, self.config_section)
+        self.transform = ImageTransform(section.resize, section.crop, section.mean, section.std)
+        if section.gpu_decode:
             self.jpeg_decoder = load_gpu_jpeg_decoder(self._device())
 
     def __getstate__(self) -> dict[str, Any]:
@@ -139,8 +140,8 @@ class ImageClassifier(VisionHandler):
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
-        settings = context.model_yaml_config.get("image_classifier") or {}
-        self.topk = int(settings.get("topk", self.topk))
+        section = context.model_yaml_config.get("image_classifier")
+        self.topk = read_section(ImageClassifierConfig, section, "image_classifier").topk
 
     def set_max_result_classes(self, topk: int) -> None:
         self.topk = topk

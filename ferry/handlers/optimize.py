@@ -24,29 +24,23 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
+from ferry.config.sections import OptimizationConfig, parse_optimization
 from ferry.errors import ConfigError
 
 log = logging.getLogger("ferry.handlers")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
-class Optimizations:
-    precision: str = "fp32"
-    channels_last: bool = False
-    compile_mode: str | None = None
-    torchscript_freeze: bool = False
-    batch_buckets: tuple[int, ...] = ()
-    warmup_shape: tuple[int, ...] = ()
-    warmup_batch_sizes: tuple[int, ...] = ()
-    cuda_graphs: bool = False
+class Optimizations(OptimizationConfig):
+    """The ``optimization:`` section (parsed by ``ferry.config``) with what the handler
+    needs to apply it."""
 
     @property
     def dtype(self) -> torch.dtype:
@@ -54,53 +48,11 @@ class Optimizations:
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> Optimizations:
-        section = config.get("optimization") or {}
-        if not isinstance(section, dict):
-            raise ConfigError("optimization must be a mapping")
-        try:
-            return cls._parse(section)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"optimization: {exc}") from exc
+        return cls.from_section(parse_optimization(config.get("optimization")))
 
     @classmethod
-    def _parse(cls, section: dict[str, Any]) -> Optimizations:
-        precision = str(section.get("precision", "fp32")).lower()
-        if precision not in DTYPES:
-            raise ValueError(f"precision must be one of {', '.join(DTYPES)}, got {precision!r}")
-        compile_value = section.get("compile")
-        compile_mode = None
-        if compile_value:
-            compile_mode = "default" if compile_value is True else str(compile_value)
-            if compile_mode not in COMPILE_MODES:
-                raise ValueError(f"compile must be true or one of {', '.join(COMPILE_MODES)}")
-        buckets = tuple(sorted(int(b) for b in section.get("batch_buckets", ())))
-        warmup = section.get("warmup") or {}
-        if any(b < 1 for b in buckets):
-            raise ValueError("batch_buckets must be positive")
-        options = cls(
-            precision=precision,
-            channels_last=bool(section.get("channels_last", False)),
-            compile_mode=compile_mode,
-            torchscript_freeze=bool(section.get("torchscript_freeze", False)),
-            batch_buckets=buckets,
-            warmup_shape=tuple(int(d) for d in warmup.get("input_shape", ())),
-            warmup_batch_sizes=tuple(int(b) for b in warmup.get("batch_sizes", ())),
-            cuda_graphs=bool(section.get("cuda_graphs", False)),
-        )
-        if options.cuda_graphs:
-            if not options.warmup_shape or not options.graph_batch_sizes:
-                raise ValueError(
-                    "cuda_graphs needs warmup.input_shape and batch_buckets "
-                    "(or warmup.batch_sizes): graphs are captured for fixed shapes"
-                )
-            if options.compile_mode is not None:
-                raise ValueError("cuda_graphs with compile: use compile: reduce-overhead instead")
-        return options
-
-    @property
-    def graph_batch_sizes(self) -> tuple[int, ...]:
-        """The batch sizes CUDA graphs are captured for."""
-        return self.batch_buckets or self.warmup_batch_sizes
+    def from_section(cls, section: OptimizationConfig) -> Optimizations:
+        return cls(**{f.name: getattr(section, f.name) for f in fields(OptimizationConfig)})
 
     def bucket_for(self, size: int) -> int:
         """The smallest bucket holding ``size`` rows (``size`` itself beyond the largest)."""

@@ -17,10 +17,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from ferry.config.sections import IMAGENET_MEAN, IMAGENET_STD
 from ferry.errors import InvalidInput
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def image_bytes(row: dict[str, Any]) -> bytes:
@@ -48,15 +46,6 @@ class ImageTransform:
     crop: int = 224
     mean: Sequence[float] = IMAGENET_MEAN
     std: Sequence[float] = IMAGENET_STD
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ImageTransform:
-        return cls(
-            resize=int(config.get("resize", cls.resize)),
-            crop=int(config.get("crop", cls.crop)),
-            mean=tuple(float(v) for v in config.get("mean", IMAGENET_MEAN)),
-            std=tuple(float(v) for v in config.get("std", IMAGENET_STD)),
-        )
 
     def decode(self, encoded: bytes) -> Image.Image:
         """Decode to RGB at the resolution the transform needs (JPEG draft mode skips the rest)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ferry.config.sections import ImageEmbedderConfig, ObjectDetectorConfig, read_section
 from ferry.handlers.context import Context
 from ferry.handlers.image_classifier import VisionHandler
 from ferry.handlers.nms import batched_nms
@@ -42,9 +43,10 @@ class ObjectDetector(VisionHandler):
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
-        settings = context.model_yaml_config.get("object_detector") or {}
-        self.score_threshold = float(settings.get("score_threshold", self.score_threshold))
-        self.iou_threshold = float(settings.get("iou_threshold", self.iou_threshold))
+        section = context.model_yaml_config.get("object_detector")
+        settings = read_section(ObjectDetectorConfig, section, "object_detector")
+        self.score_threshold = settings.score_threshold
+        self.iou_threshold = settings.iou_threshold
 
     def _detections(
         self, boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor
@@ -76,8 +78,8 @@ class ImageEmbedder(VisionHandler):
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
-        settings = context.model_yaml_config.get("image_embedder") or {}
-        self.normalize = bool(settings.get("normalize", True))
+        section = context.model_yaml_config.get("image_embedder")
+        self.normalize = read_section(ImageEmbedderConfig, section, "image_embedder").normalize
 
     def postprocess(self, data: Any) -> list[list[float]]:
         vectors = data.flatten(1).float()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -55,11 +55,20 @@ def error_body(status: int, error_type: str, message: str) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
+def lookup(
+    error: FerryError, table: Mapping[type[FerryError], tuple[int, str]] = ERROR_TABLE
+) -> tuple[int, str]:
+    """The entry of the error's most specific class in ``table`` (walking its MRO, as
+    Starlette looks up exception handlers), so a subclass listed anywhere wins over its
+    base; 500 for a class the table does not know."""
+    for cls in type(error).__mro__:
+        if cls in table:
+            return table[cls]
+    return 500, "InternalServerException"
+
+
 def error_response(error: FerryError) -> Response:
-    status, error_type = next(
-        (entry for cls, entry in ERROR_TABLE.items() if isinstance(error, cls)),
-        (500, "InternalServerException"),
-    )
+    status, error_type = lookup(error)
     if isinstance(error, HandlerFailed) and error.status is not None:
         status = error.status  # the handler asked for this code (PredictionException)
     return error_body(status, error_type, error.message)

@@ -15,8 +15,8 @@ from ferry.errors import FerryError
 from ferry.http.errors import error_response, exception_handlers
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
-from ferry.scheduling.jobs import InferenceResponse
 from ferry.service import FerryService
+from ferry.service_types import Prediction
 
 access = logging.getLogger("ferry.access")
 
@@ -27,7 +27,7 @@ def log_access(
     model: str,
     version: str | None,
     start: float,
-    answer: InferenceResponse | None,
+    answer: Prediction | None,
 ) -> None:
     """One line per request: model, version, status, latency, queue time, batch size."""
     fields = {
@@ -51,17 +51,35 @@ def inference_app(service: FerryService) -> Starlette:
     access_log = service.settings.access_log
 
     async def ping(request: Request) -> Response:
-        healthy = service.is_healthy()
-        body = json.dumps({"status": "Healthy" if healthy else "Unhealthy"})
-        return Response(body, status_code=200 if healthy else 500, media_type="application/json")
+        health = service.health()
+        body = json.dumps({"status": health.status})
+        return Response(body, status_code=200 if health.ok else 500, media_type="application/json")
+
+    async def model_ready(request: Request) -> Response:
+        """Per-model readiness for orchestrators: 200 once a worker can take requests."""
+        try:
+            readiness = service.readiness(
+                request.path_params["model"], request.path_params.get("version")
+            )
+        except FerryError as error:
+            return error_response(error)
+        document = {
+            "model": readiness.model.name,
+            "version": readiness.model.version,
+            "status": "Ready" if readiness.ready else "NotReady",
+        }
+        if readiness.reason:
+            document["reason"] = readiness.reason
+        status = 200 if readiness.ready else 503
+        return Response(json.dumps(document), status_code=status, media_type="application/json")
 
     async def predict(request: Request) -> Response:
         start = time.perf_counter()
         model = request.path_params["model"]
         version = request.path_params.get("version")
-        answer: InferenceResponse | None = None
+        answer: Prediction | None = None
         try:
-            version = service.runner(model, version).version  # 404 before reading the body
+            version = service.resolve(model, version).version  # 404 before reading the body
             parts = await read_parts(request, limit)
             headers = {k.lower(): v for k, v in request.headers.items()}
             answer = await service.predict(model, version, parts, headers)
@@ -80,6 +98,8 @@ def inference_app(service: FerryService) -> Starlette:
 
     routes = [
         Route("/ping", ping, methods=["GET"]),
+        Route("/ping/{model}", model_ready, methods=["GET"]),
+        Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
         Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
         Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
         *description_routes(inference_description()),

@@ -14,7 +14,8 @@ from starlette.routing import Route
 from ferry.http.errors import exception_handlers, guarded
 from ferry.http.openapi import description_routes, management_description
 from ferry.http.params import Params
-from ferry.service import FerryService, RegisterRequest
+from ferry.service import FerryService
+from ferry.service_types import RegisterRequest
 from ferry.status import ModelStatus, WorkerStatus
 
 MAX_PARAMS_BODY = 1 << 20
@@ -46,6 +47,9 @@ def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
         "pid": worker.pid,
         "gpu": worker.gpu,
         "gpuUsage": "N/A",
+        "device": worker.device or None,
+        "restarts": worker.restarts,
+        "lastError": worker.last_error or None,
     }
 
 
@@ -63,6 +67,8 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
         "responseTimeout": round(model.response_timeout),
         "loadedAtStartup": model.loaded_at_startup,
         "workers": [_worker_json(worker) for worker in model.workers],
+        "ready": model.ready,
+        "loadError": model.last_error or None,
         "jobQueueStatus": {
             "remainingCapacity": model.queue_capacity - model.pending_requests,
             "pendingRequests": model.pending_requests,
@@ -101,10 +107,10 @@ def management_app(service: FerryService) -> Starlette:
             response_timeout=params.number("response_timeout", minimum=1),
             startup_timeout=params.number("startup_timeout", minimum=1),
         )
-        entry, ready = await service.register(registration)
-        name, version = entry.archive.name, entry.archive.version
-        workers = len(entry.runner.slots)
-        if not ready:
+        registered = await service.register(registration)
+        name, version = registered.model.name, registered.model.version
+        workers = registered.workers
+        if not registered.ready:
             return _status("Processing worker updates...", 202)
         message = f'Model "{name}" Version: {version} registered with {workers} initial workers'
         if workers == 0:
@@ -124,13 +130,13 @@ def management_app(service: FerryService) -> Starlette:
         min_worker = 1 if min_worker is None else min_worker
         max_worker = params.integer("max_worker", minimum=0)
         synchronous = params.flag("synchronous", default=False)
-        entry = await service.scale(
+        scaled = await service.scale(
             name, version, min_worker, min_worker if max_worker is None else max_worker, synchronous
         )
         if not synchronous:
             return _status("Processing worker updates...", 202)
         suffix = f", version: {version}" if version else ""
-        return _status(f"Workers scaled to {len(entry.runner.slots)} for model: {name}{suffix}")
+        return _status(f"Workers scaled to {scaled.workers} for model: {name}{suffix}")
 
     async def set_default(request: Request) -> Response:
         name, version = request.path_params["name"], request.path_params["version"]

@@ -6,7 +6,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from ferry.errors import InvalidInput, RequestTooLarge
-from ferry.worker.messages import InputPart
+from ferry.service_types import InputPart
 
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 

@@ -92,6 +92,12 @@ class FerryMetrics:
             "counter",
             MODEL,
         )
+        self.worker_recycles = Family(
+            "ferry_worker_recycles_total",
+            "Workers replaced on reaching their request or memory limit (recycle settings).",
+            "counter",
+            MODEL,
+        )
         self.responses = Family(
             "ferry_responses_total",
             "Responses by API and status class.",
@@ -130,6 +136,7 @@ class FerryMetrics:
             self.queue_depth,
             self.workers,
             self.worker_restarts,
+            self.worker_recycles,
             self.responses,
             self.process_cpu,
             self.process_memory,
@@ -195,6 +202,7 @@ class ModelMetrics:
         self._queue_seconds = metrics.queue_seconds.histogram(*self.labels)
         self._batch_size = metrics.batch_size.histogram(*self.labels)
         self._restarts = metrics.worker_restarts.counter(*self.labels)
+        self._recycles = metrics.worker_recycles.counter(*self.labels)
         self._handler_children: dict[tuple[object, ...], Child] = {}
 
     def request_done(self, seconds: float, queued_seconds: float) -> None:
@@ -218,6 +226,10 @@ class ModelMetrics:
     def worker_restarted(self) -> None:
         if self.enabled:
             self._restarts.inc()
+
+    def worker_recycled(self) -> None:
+        if self.enabled:
+            self._recycles.inc()
 
     def handler_metric(
         self, name: str, value: float, unit: str, kind: str, dimensions: dict[str, str]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.config.model_config import ModelConfig, load_model_config
-from ferry.errors import ArchiveError, ConfigError
+from ferry.errors import ArchiveError, ModelConfigError
 from ferry.store.extract import extract_tar, extract_zip
 from ferry.store.manifest import MANIFEST_PATH, Manifest
 
@@ -53,7 +53,12 @@ def _unpack(source: Path, work_dir: Path) -> Path:
 
 
 def open_model(store: Path, relative: str, work_dir: Path, name: str | None = None) -> ModelArchive:
-    """Unpack ``relative`` (inside ``store``) into ``work_dir`` and read its metadata."""
+    """Unpack ``relative`` (inside ``store``) into ``work_dir`` and read its metadata.
+
+    model-config.yaml is parsed and validated here, so an invalid value or a typo in a
+    section Ferry owns fails the registration or the start-up, not the workers: raises
+    ``ModelConfigError`` (an ``ArchiveError`` and a ``ConfigError``) naming the key.
+    """
     source = _within(store, relative)
     if not source.exists():
         raise ArchiveError(f"{relative!r} not found in the model store")
@@ -67,8 +72,9 @@ def open_model(store: Path, relative: str, work_dir: Path, name: str | None = No
         config_path = _within(model_dir, manifest.config_file)
         try:
             config = load_model_config(config_path)
-        except ConfigError as exc:
-            raise ArchiveError(f"{model_name}: {exc.message}") from exc
+        except ModelConfigError as exc:
+            # Still a ModelConfigError: 400 at registration, exit status 2 at start-up.
+            raise ModelConfigError(f"{model_name}: {exc.message}") from exc
     return ModelArchive(
         name=model_name,
         version=manifest.model_version,

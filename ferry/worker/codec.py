@@ -16,6 +16,7 @@ from ferry.worker.messages import (
     Message,
     PredictBatch,
     RequestItem,
+    StartWorker,
     WorkerLoadFailed,
     WorkerReady,
 )
@@ -23,7 +24,7 @@ from ferry.worker.messages import (
 FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
-_PREDICT, _RESULT, _READY, _LOAD_FAILED = 1, 2, 3, 4
+_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START = 1, 2, 3, 4, 5
 
 
 class ProtocolError(Exception):
@@ -46,6 +47,8 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
         return _RESULT, [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
     if isinstance(message, WorkerReady):
         return _READY, [message.pid, message.device]
+    if isinstance(message, StartWorker):
+        return _START, [message.spec]
     return _LOAD_FAILED, [message.message]
 
 
@@ -87,6 +90,11 @@ def decode(payload: bytes) -> Message:
             return WorkerReady(*fields)
         if kind == _LOAD_FAILED:
             return WorkerLoadFailed(*fields)
+        if kind == _START:
+            (spec,) = fields
+            if not isinstance(spec, dict):
+                raise TypeError("the spec must be a mapping")
+            return StartWorker(spec)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed message of kind {kind}: {exc}") from exc
     raise ProtocolError(f"unknown message kind {kind}")

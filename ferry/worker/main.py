@@ -1,23 +1,28 @@
 """Worker process entry point: load the handler, then answer batches until the socket closes.
 
-Started by the frontend as ``python -m ferry.worker.main --fd N --spec JSON`` (a fresh
-interpreter, never a fork, so CUDA state is never inherited).
+Started by the frontend as ``python -P -m ferry.worker.main --fd N`` (a fresh interpreter,
+never a fork, so CUDA state is never inherited); its first frame is its ``WorkerSpec``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import socket
-import sys
-import traceback
 from typing import BinaryIO
 
-from ferry.worker import codec
+from ferry.worker import codec, log_forward
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
-from ferry.worker.messages import Message, PredictBatch, WorkerLoadFailed, WorkerReady
+from ferry.worker.loading import load_handler
+from ferry.worker.messages import (
+    Message,
+    PredictBatch,
+    StartWorker,
+    WorkerLoadFailed,
+    WorkerReady,
+)
+from ferry.worker.runner import BatchRunner
 from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import configure_torch
 
@@ -38,53 +43,36 @@ def read_message(stream: BinaryIO) -> Message | None:
     return None if payload is None else codec.decode(payload)
 
 
-def _prepare_imports(model_dir: str) -> None:
-    """The model folder first (handlers import their own files), the ``ts`` shim last."""
-    sys.path.insert(0, model_dir)
-    if importlib.util.find_spec("ts") is None:
-        from ferry._compat import SHIM_ROOT
-
-        sys.path.append(str(SHIM_ROOT))
-
-
-def _load(spec: WorkerSpec):  # type: ignore[no-untyped-def]
-    from ferry.handlers.context import Context
-    from ferry.handlers.loader import load_entry_point
-    from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
-    from ferry.worker.runner import BatchRunner
-
-    context = Context(
-        spec.model_name,
+def _load(spec: WorkerSpec) -> tuple[BatchRunner, str]:
+    """The batch runner over the loaded handler, and the device the handler chose."""
+    ready = load_handler(
         spec.model_dir,
+        spec.handler,
         spec.manifest,
-        spec.batch_size,
-        spec.gpu_id,
-        model_yaml_config=spec.model_yaml_config,
+        spec.model_yaml_config,
+        batch_size=spec.batch_size,
+        gpu_id=spec.gpu_id,
+        name=spec.model_name,
     )
-    entry = load_entry_point(spec.handler, context)
-    pipeline = PipelineSettings.from_model_config(spec.model_yaml_config)
-    if pipeline is not None:
-        handler = staged_handler(entry)
-        if handler is None:
-            log.warning(
-                "micro_batching ignored: the handler has no preprocess/inference/postprocess"
-            )
-        else:
-            log.info("stage pipeline on: %s", pipeline)
-            entry = StagePipeline(handler, pipeline).handle
-    return BatchRunner(entry, context)
+    return BatchRunner(ready.entry, ready.context), _chosen_device(ready.instance, spec)
 
 
-def serve(sock: socket.socket, spec: WorkerSpec) -> int:
-    reader = sock.makefile("rb")
-    _prepare_imports(spec.model_dir)
+def _chosen_device(handler: object, spec: WorkerSpec) -> str:
+    """Where the handler put its model: its own ``device`` attribute when it set one
+    (TorchServe handlers choose it in ``initialize``), else the GPU it was given."""
+    device = getattr(handler, "device", None)
+    if device is not None:
+        return str(device)
+    return "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
+
+
+def serve(sock: socket.socket, reader: BinaryIO, spec: WorkerSpec) -> int:
     try:
-        runner = _load(spec)
+        runner, device = _load(spec)
     except Exception as exc:
-        traceback.print_exc()
+        log.exception("handler failed to load")
         sock.sendall(codec.encode(WorkerLoadFailed(f"{type(exc).__name__}: {exc}")))
         return 1
-    device = "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
     sock.sendall(codec.encode(WorkerReady(os.getpid(), device)))
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):
@@ -93,19 +81,32 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> int:
     return 0
 
 
+def read_spec(reader: BinaryIO) -> WorkerSpec | None:
+    """The first frame: the worker's spec (None when the frontend went away first)."""
+    message = read_message(reader)
+    if message is None:
+        return None
+    if not isinstance(message, StartWorker):
+        raise codec.ProtocolError(f"expected the worker spec first, got {type(message).__name__}")
+    return WorkerSpec.from_dict(message.spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferry-worker")
     parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
-    spec = WorkerSpec.from_json(args.spec)
     die_with_parent()
     ignore_interrupts()
-    # The frontend prefixes each line with the model, worker and time.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    configure_torch(spec.torch_threads)
+    # One structured line per record: the frontend re-emits it at its level, with its
+    # traceback and request ids, prefixed with the model, worker and time.
+    log_forward.install(logging.INFO)
     with socket.socket(fileno=args.fd) as sock:
-        return serve(sock, spec)
+        reader = sock.makefile("rb")
+        spec = read_spec(reader)
+        if spec is None:
+            return 1
+        configure_torch(spec.torch_threads)
+        return serve(sock, reader, spec)
 
 
 if __name__ == "__main__":

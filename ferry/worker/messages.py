@@ -7,8 +7,10 @@ length; request bodies travel as raw bytes, never pickled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: the worker gets its spec as the first frame (``StartWorker``), not on its command line."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,13 @@ class BatchResult:
 
 
 @dataclass(frozen=True)
+class StartWorker:
+    """The first frame to a new worker: its ``WorkerSpec`` as a plain mapping."""
+
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class WorkerReady:
     pid: int
     device: str
@@ -79,4 +88,4 @@ class WorkerLoadFailed:
     message: str
 
 
-Message = PredictBatch | BatchResult | WorkerReady | WorkerLoadFailed
+Message = PredictBatch | BatchResult | StartWorker | WorkerReady | WorkerLoadFailed

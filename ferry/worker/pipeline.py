@@ -23,17 +23,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass
 from typing import Any
 
-from ferry.errors import ConfigError
+from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
 from ferry.handlers.context import Context
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
-
-
-POOLS = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -45,32 +43,24 @@ class PipelineSettings:
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> PipelineSettings | None:
-        section = config.get("micro_batching")
-        if not section:
-            return None
-        if not isinstance(section, dict):
-            raise ConfigError("micro_batching must be a mapping")
-        parallelism = section.get("parallelism") or {}
-        pool = str(section.get("pool", "thread")).lower()
-        if pool not in POOLS:
-            raise ConfigError(f"micro_batching: pool must be thread or process, got {pool!r}")
-        try:
-            settings = cls(
-                int(section.get("micro_batch_size", 1)),
-                int(parallelism.get("preprocess", 1)),
-                int(parallelism.get("postprocess", 1)),
-                pool == "process",
+        """The document's ``micro_batching`` section, read by ``ferry.config``'s rules."""
+        section = parse_micro_batching(config.get("micro_batching"))
+        return None if section is None else cls.from_section(section)
+
+    @classmethod
+    def from_section(cls, section: MicroBatchingConfig) -> PipelineSettings:
+        if section.inference > 1:
+            log.warning(
+                "micro_batching: parallelism.inference %d: inference runs one "
+                "micro-batch at a time",
+                section.inference,
             )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"micro_batching: {exc}") from exc
-        if (
-            min(
-                settings.micro_batch_size, settings.preprocess_threads, settings.postprocess_threads
-            )
-            < 1
-        ):
-            raise ConfigError("micro_batching: sizes and parallelism must be at least 1")
-        return settings
+        return cls(
+            section.micro_batch_size,
+            section.preprocess,
+            section.postprocess,
+            preprocess_in_processes=section.pool == "process",
+        )
 
 
 def staged_handler(entry: Callable[..., Any]) -> Any | None:
@@ -128,7 +118,8 @@ class StagePipeline:
         ] = []
         for index in range(len(chunks)):
             while submitted < len(chunks) and len(pending) < ahead:
-                pending.append(self._pre.submit(self._preprocess, chunks[submitted], context))
+                run = copy_context().run  # so pool threads' log records carry the request ids
+                pending.append(self._pre.submit(run, self._preprocess, chunks[submitted], context))
                 submitted += 1
             first = index * size
             try:
@@ -146,7 +137,7 @@ class StagePipeline:
                 future = Future()
                 future.set_result(([], 0.0))
             else:
-                future = self._post.submit(self._postprocess, output)
+                future = self._post.submit(copy_context().run, self._postprocess, output)
             posts.append((first, len(chunks[index]), failures, future))
         return self._reassemble(posts, len(rows), context)
 

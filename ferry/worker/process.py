@@ -8,44 +8,28 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from ferry.worker import codec
+from ferry.worker.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
 from ferry.worker.messages import (
     BatchResult,
     Message,
     PredictBatch,
+    StartWorker,
     WorkerLoadFailed,
     WorkerReady,
 )
+from ferry.worker.output_relay import relay_output
 from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import worker_environment
 
 log = logging.getLogger("ferry.worker")
 
 
-async def _relay_output(stream: asyncio.StreamReader, prefix: str) -> None:
-    """Worker stdout/stderr, line by line, into the frontend's log with the worker's name."""
-    output = logging.getLogger("ferry.worker.output")
-    while True:
-        try:
-            line = await stream.readline()
-        except ValueError:  # a line longer than the stream limit: take what is there
-            line = await stream.read(1 << 16)
-        if not line:
-            return
-        output.info("%s %s", prefix, line.decode(errors="replace").rstrip())
-
-
-class WorkerGone(Exception):
-    """The worker process exited or closed its socket."""
-
-
-class WorkerStartFailed(Exception):
-    """The worker could not load its handler (or did not come up in time)."""
-
-
 class WorkerProcess:
-    """One spawned worker and the socket pair that connects it to the frontend."""
+    """One spawned worker and the socket pair that connects it to the frontend; a
+    ``WorkerHandle`` (``ferry.worker.handle``)."""
 
     def __init__(
         self,
@@ -59,51 +43,57 @@ class WorkerProcess:
         self._reader = reader
         self._writer = writer
         self.pid = process.pid
-        self.device = "cpu"
-        self.exited = asyncio.ensure_future(process.wait())
+        self.device = "unknown"
+        self.exited: asyncio.Future[Any] = asyncio.ensure_future(process.wait())
         assert process.stdout is not None
         prefix = f"[{spec.model_name} {spec.worker_id} pid {process.pid}]"
-        self._output = asyncio.ensure_future(_relay_output(process.stdout, prefix))
+        self._output = asyncio.ensure_future(relay_output(process.stdout, prefix))
+
+    @property
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(self.pid, self.device)
 
     @classmethod
     async def start(cls, spec: WorkerSpec, startup_timeout: float) -> WorkerProcess:
-        """Spawn the worker and wait until it has loaded its handler."""
+        """Spawn the worker, send it its spec, and wait until it has loaded its handler.
+        Raises ``WorkerStartFailed``; the process never outlives a failed start."""
         parent_sock, child_sock = socket.socketpair()
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "ferry.worker.main",
-                "--fd",
-                str(child_sock.fileno()),
-                "--spec",
-                spec.to_json(),
-                pass_fds=(child_sock.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=worker_environment(os.environ),
-            )
+            process = await _spawn(child_sock)
+        except OSError as exc:
+            parent_sock.close()
+            raise WorkerStartFailed(
+                StartFailure.SPAWN, f"cannot start a worker process: {exc}"
+            ) from exc
         finally:
             child_sock.close()
-        reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
-        worker = cls(spec, process, reader, writer)
+        worker: WorkerProcess | None = None
         try:
-            message = await asyncio.wait_for(worker._receive(), startup_timeout)
-        except (WorkerGone, TimeoutError) as exc:
-            worker.kill()
-            reason = (
-                "timed out loading" if isinstance(exc, TimeoutError) else "exited while loading"
-            )
-            raise WorkerStartFailed(f"worker {reason}") from exc
-        if isinstance(message, WorkerLoadFailed):
-            worker.kill()
-            raise WorkerStartFailed(message.message)
-        if not isinstance(message, WorkerReady):
-            worker.kill()
-            raise WorkerStartFailed(f"unexpected first message {type(message).__name__}")
-        worker.device = message.device
+            reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+            worker = cls(spec, process, reader, writer)
+            await asyncio.wait_for(worker._handshake(spec), startup_timeout)
+        except BaseException as exc:
+            if worker is not None:
+                worker.kill()
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                parent_sock.close()
+            failure = _start_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         return worker
+
+    async def _handshake(self, spec: WorkerSpec) -> None:
+        self._writer.write(codec.encode(StartWorker(spec.to_dict())))
+        await self._writer.drain()
+        message = await self._receive()
+        if isinstance(message, WorkerLoadFailed):
+            raise WorkerStartFailed(StartFailure.LOAD_ERROR, message.message)
+        if not isinstance(message, WorkerReady):
+            raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
+        self.device = message.device
 
     async def _receive(self) -> Message:
         try:
@@ -113,23 +103,55 @@ class WorkerProcess:
             raise WorkerGone(f"worker {self.pid} closed its connection") from exc
         return codec.decode(payload)
 
-    def send(self, batch: PredictBatch) -> None:
-        """Queue a batch for the worker; a dead worker shows up when its result is awaited."""
-        if not self._writer.is_closing():
-            self._writer.write(codec.encode(batch))
-
-    async def result(self, batch_id: int, timeout: float) -> BatchResult:
-        """The result of the batch sent last; TimeoutError if the worker is too slow."""
+    async def send(self, batch: PredictBatch) -> None:
+        if self._writer.is_closing():
+            raise WorkerGone(f"worker {self.pid} is gone")
+        self._writer.write(codec.encode(batch))
         try:
             await self._writer.drain()
         except ConnectionError as exc:
             raise WorkerGone(f"worker {self.pid} is gone") from exc
-        message = await asyncio.wait_for(self._receive(), timeout)
-        if not isinstance(message, BatchResult) or message.batch_id != batch_id:
-            raise WorkerGone(f"worker {self.pid} answered out of protocol; replacing it")
+
+    async def receive(self) -> BatchResult:
+        message = await self._receive()
+        if not isinstance(message, BatchResult):
+            raise codec.ProtocolError(f"worker {self.pid} sent {type(message).__name__}")
         return message
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self._writer.close()
+
+
+async def _spawn(child_sock: socket.socket) -> asyncio.subprocess.Process:
+    # -P: the frontend's working directory is not put on the worker's import path, so a
+    # stray ``image_classifier.py`` there cannot replace a built-in handler.
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-P",
+        "-m",
+        "ferry.worker.main",
+        "--fd",
+        str(child_sock.fileno()),
+        pass_fds=(child_sock.fileno(),),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=worker_environment(os.environ),
+    )
+
+
+def _start_failure(exc: BaseException) -> BaseException:
+    """The ``WorkerStartFailed`` that explains ``exc`` (cancellation passes through)."""
+    if isinstance(exc, WorkerStartFailed | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return WorkerStartFailed(StartFailure.TIMEOUT, "worker timed out loading")
+    if isinstance(exc, WorkerGone):
+        return WorkerStartFailed(StartFailure.EXITED, "worker exited while loading")
+    if isinstance(exc, codec.ProtocolError):
+        return WorkerStartFailed(StartFailure.PROTOCOL, f"worker broke the protocol: {exc}")
+    if isinstance(exc, Exception):
+        return WorkerStartFailed(StartFailure.EXITED, f"worker failed to start: {exc}")
+    return exc

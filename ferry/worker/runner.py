@@ -10,6 +10,7 @@ from ferry.errors import InvalidInput
 from ferry.handlers.context import Context
 from ferry.handlers.exceptions import PredictionException
 from ferry.handlers.loader import EntryPoint
+from ferry.worker.log_forward import request_ids
 from ferry.worker.messages import (
     BatchResult,
     HandlerMetricValue,
@@ -70,18 +71,20 @@ class BatchRunner:
     def _call_handler(
         self, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
     ) -> list[ItemResult]:
-        self.context.start_batch([i.request_id for i in items], [i.headers for i in items])
-        try:
-            outputs = self.entry_point(rows, self.context)
-        except Exception as exc:
-            if isolate_on_error and len(items) > 1:
-                # One bad request must not fail its neighbours: retry each alone.
-                log.warning(
-                    "batch of %d failed (%s); retrying requests one by one", len(items), exc
-                )
-                return [self._run_items([item], isolate_on_error=False)[0] for item in items]
-            log.exception("handler failed")
-            return [_error(item, exc) for item in items]
+        ids = [i.request_id for i in items]
+        self.context.start_batch(ids, [i.headers for i in items])
+        with request_ids(ids):  # the handler's log records, and ours, name these requests
+            try:
+                outputs = self.entry_point(rows, self.context)
+            except Exception as exc:
+                if isolate_on_error and len(items) > 1:
+                    # One bad request must not fail its neighbours: retry each alone.
+                    log.warning(
+                        "batch of %d failed (%s); retrying requests one by one", len(items), exc
+                    )
+                    return [self._run_items([item], isolate_on_error=False)[0] for item in items]
+                log.exception("handler failed")
+                return [_error(item, exc) for item in items]
         if not isinstance(outputs, list) or len(outputs) != len(items):
             count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
             message = f"handler returned {count} results for a batch of {len(items)} requests"

@@ -1,8 +1,7 @@
-"""What a worker process is started with (JSON on its command line)."""
+"""What a worker process is started with: the first frame it reads (``StartWorker``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,9 +18,9 @@ class WorkerSpec:
     torch_threads: int
     worker_id: str
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
-    def from_json(cls, text: str) -> WorkerSpec:
-        return cls(**json.loads(text))
+    def from_dict(cls, document: dict[str, Any]) -> WorkerSpec:
+        return cls(**document)

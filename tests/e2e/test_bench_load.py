@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import digest_archive
 from tests.fixtures.server import ferry_server
 
 pytestmark = pytest.mark.e2e
-FERRY = [str(Path(sys.executable).parent / "ferry")]
 
 
 def test_closed_and_open_loop_write_their_figures(tmp_path: Path) -> None:
@@ -35,12 +33,7 @@ def test_closed_and_open_loop_write_their_figures(tmp_path: Path) -> None:
             (["--concurrency", "8"], ["--requests", "400"], tmp_path / "closed"),
             (["--rate", "200"], ["--duration", "1"], tmp_path / "open"),
         ):
-            run = subprocess.run(
-                [*FERRY, "bench", "load", url, *common, *mode, *stop, "--out", str(out)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            run = run_ferry("bench", "load", url, *common, *mode, *stop, "--out", str(out))
             assert run.returncode == 0, run.stderr
             assert "throughput" in run.stdout
             figures = json.loads((out / "load.json").read_text())
@@ -54,41 +47,31 @@ def test_closed_and_open_loop_write_their_figures(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
-    missing = subprocess.run(
-        [
-            *FERRY,
-            "bench",
-            "load",
-            "http://127.0.0.1:9/predictions/x",
-            "--input",
-            str(tmp_path / "absent"),
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
+    missing = run_ferry(
+        "bench",
+        "load",
+        "http://127.0.0.1:9/predictions/x",
+        "--input",
+        str(tmp_path / "absent"),
+        "--concurrency",
+        "1",
+        "--requests",
+        "1",
         timeout=60,
     )
     assert missing.returncode == 2 and "absent" in missing.stderr
-    both = subprocess.run(
-        [
-            *FERRY,
-            "bench",
-            "load",
-            "http://x/predictions/x",
-            "--input",
-            "f",
-            "--concurrency",
-            "1",
-            "--rate",
-            "2",
-            "--requests",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
+    both = run_ferry(
+        "bench",
+        "load",
+        "http://x/predictions/x",
+        "--input",
+        "f",
+        "--concurrency",
+        "1",
+        "--rate",
+        "2",
+        "--requests",
+        "1",
         timeout=60,
     )
     assert both.returncode == 2 and "not allowed with" in both.stderr

@@ -4,40 +4,33 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import DEMO_STORE
 
 pytestmark = pytest.mark.e2e
-FERRY = [str(Path(sys.executable).parent / "ferry")]
 SAMPLES = DEMO_STORE.parent / "samples"
 
 
 def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
     inputs = f"{SAMPLES / 'star.png'},{SAMPLES / 'circle.png'}"
-    run = subprocess.run(
-        [
-            *FERRY,
-            "bench",
-            "profile",
-            str(DEMO_STORE / "shapes.mar"),
-            "--input",
-            inputs,
-            "--batch-sizes",
-            "1,2,4",
-            "--precision",
-            "fp32,bf16",
-            "--seconds",
-            "0.2",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    run = run_ferry(
+        "bench",
+        "profile",
+        str(DEMO_STORE / "shapes.mar"),
+        "--input",
+        inputs,
+        "--batch-sizes",
+        "1,2,4",
+        "--precision",
+        "fp32,bf16",
+        "--seconds",
+        "0.2",
+        "--out",
+        str(tmp_path),
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
@@ -63,17 +56,7 @@ def test_profile_refuses_bad_arguments(tmp_path: Path) -> None:
         (["--batch-sizes", "0,2"], ">= 1"),
         (["--precision", "fp8"], "unknown precision"),
     ):
-        run = subprocess.run(
-            [*FERRY, "bench", "profile", str(DEMO_STORE / "shapes.mar"), "--input", png, *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        run = run_ferry("bench", "profile", str(DEMO_STORE / "shapes.mar"), "--input", png, *extra)
         assert run.returncode == 2 and message in run.stderr
-    missing = subprocess.run(
-        [*FERRY, "bench", "profile", str(tmp_path / "none.mar"), "--input", png],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = run_ferry("bench", "profile", str(tmp_path / "none.mar"), "--input", png)
     assert missing.returncode == 2 and "not found" in missing.stderr

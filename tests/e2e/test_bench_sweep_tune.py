@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import digest_archive
 
 pytestmark = pytest.mark.e2e
-FERRY = [str(Path(sys.executable).parent / "ferry")]
 
 
 @pytest.fixture
@@ -41,12 +39,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path, model: Path) -> None
         )
     )
     out = tmp_path / "out"
-    run = subprocess.run(
-        [*FERRY, "bench", "sweep", str(spec), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_ferry("bench", "sweep", str(spec), "--out", str(out), timeout=600)
     assert run.returncode == 0, run.stderr
     with open(out / "sweep.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -82,62 +75,52 @@ def test_tune_writes_the_model_config_to_use(tmp_path: Path, model: Path) -> Non
     payload = tmp_path / "payload.bin"
     payload.write_bytes(b"hello")
     out = tmp_path / "tune"
-    run = subprocess.run(
-        [
-            *FERRY,
-            "bench",
-            "tune",
-            str(model),
-            "--slo-p99",
-            "2s",
-            "--input",
-            str(payload),
-            "--batch-sizes",
-            "1,4",
-            "--delays",
-            "5",
-            "--workers",
-            "1",
-            "--concurrency",
-            "1,4",
-            "--requests",
-            "60",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    run = run_ferry(
+        "bench",
+        "tune",
+        str(model),
+        "--slo-p99",
+        "60s",  # met by every configuration however busy the machine: no speed is asserted
+        "--input",
+        str(payload),
+        "--batch-sizes",
+        "1,4",
+        "--delays",
+        "5",
+        "--workers",
+        "1",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "60",
+        "--out",
+        str(out),
         timeout=600,
     )
     assert run.returncode == 0, run.stderr
     chosen = yaml.safe_load((out / "model-config.yaml").read_text())
     assert chosen["batchSize"] in (1, 4) and chosen["minWorkers"] == 1
     assert "| rank |" in run.stdout and (out / "tune.png").exists()
-    impossible = subprocess.run(
-        [
-            *FERRY,
-            "bench",
-            "tune",
-            str(model),
-            "--slo-p99",
-            "0.001ms",
-            "--input",
-            str(payload),
-            "--batch-sizes",
-            "1",
-            "--delays",
-            "5",
-            "--workers",
-            "1",
-            "--concurrency",
-            "1",
-            "--requests",
-            "20",
-            "--out",
-            str(tmp_path / "none"),
-        ],
-        capture_output=True,
-        text=True,
+    impossible = run_ferry(
+        "bench",
+        "tune",
+        str(model),
+        "--slo-p99",
+        "0.001ms",  # one microsecond: no HTTP round trip is that fast
+        "--input",
+        str(payload),
+        "--batch-sizes",
+        "1",
+        "--delays",
+        "5",
+        "--workers",
+        "1",
+        "--concurrency",
+        "1",
+        "--requests",
+        "20",
+        "--out",
+        str(tmp_path / "none"),
         timeout=600,
     )
     assert impossible.returncode == 1 and "no configuration met" in impossible.stdout

@@ -4,52 +4,46 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from examples.demo.shapes import encode, labelled_samples
+from tests.fixtures.cli import FERRY, run_ferry, serve_args
 from tests.fixtures.models import DEMO_STORE, HANDLERS
+from tests.fixtures.processes import is_running
 from tests.fixtures.server import ferry_server
 
 pytestmark = pytest.mark.e2e
-FERRY = [str(Path(sys.executable).parent / "ferry")]
+
+
+def _archive_echo(store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``ferry archive`` of the digest handler as model ``echo`` into ``store``."""
+    return run_ferry(
+        "archive",
+        "--model-name",
+        "echo",
+        "--handler",
+        str(HANDLERS / "digest_handler.py"),
+        "--export-path",
+        str(store),
+        *extra,
+        check=True,
+    )
 
 
 def test_archive_then_serve_then_predict(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    made = subprocess.run(
-        [
-            *FERRY,
-            "archive",
-            "--model-name",
-            "echo",
-            "--version",
-            "3.1",
-            "--handler",
-            str(HANDLERS / "digest_handler.py"),
-            "--export-path",
-            str(store),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    made = _archive_echo(store, "--version", "3.1")
     assert Path(made.stdout.strip()) == store / "echo.mar"
-    again = subprocess.run(
-        [
-            *FERRY,
-            "archive",
-            "--model-name",
-            "echo",
-            "--handler",
-            "image_classifier",
-            "--export-path",
-            str(store),
-        ],
-        capture_output=True,
-        text=True,
+    again = run_ferry(
+        "archive",
+        "--model-name",
+        "echo",
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        str(store),
     )
     assert again.returncode == 1 and "already exists" in again.stderr
     with ferry_server(store, ["all"], tmp_path, command=FERRY) as server, server.client() as client:
@@ -72,63 +66,24 @@ def test_readme_demo_serves_shapes(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_a_missing_store(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [*FERRY, "serve", "--model-store", str(tmp_path / "absent"), "--models", "all"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_ferry(
+        "serve", "--model-store", str(tmp_path / "absent"), "--models", "all", timeout=60
     )
     assert result.returncode == 2 and "is not a folder" in result.stderr
 
 
 def test_serve_stops_on_an_unloadable_archive(tmp_path: Path) -> None:
     (tmp_path / "bad.mar").write_bytes(b"nope")
-    result = subprocess.run(
-        [
-            *FERRY,
-            "serve",
-            "--model-store",
-            str(tmp_path),
-            "--models",
-            "bad.mar",
-            "--inference-address",
-            "http://127.0.0.1:0",
-            "--management-address",
-            "http://127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_ferry(*serve_args(tmp_path, "--models", "bad.mar"))
     assert result.returncode == 1 and "not a valid zip" in result.stderr
 
 
 def test_sigterm_stops_the_server_and_its_workers(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    subprocess.run(
-        [
-            *FERRY,
-            "archive",
-            "--model-name",
-            "echo",
-            "--handler",
-            str(HANDLERS / "digest_handler.py"),
-            "--export-path",
-            str(store),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    _archive_echo(store)
     with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
         with server.client() as client:
             worker_pid = client.post("/predictions/echo", content=b"x").json()["pid"]
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) == 0
-    assert not Path(f"/proc/{worker_pid}").exists() or _is_zombie(worker_pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
+    assert not is_running(worker_pid)

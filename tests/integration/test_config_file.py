@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import digest_archive
 from tests.fixtures.server import ferry_server
 
@@ -41,15 +42,7 @@ def test_config_properties_models_json(tmp_path: Path) -> None:
 
 
 def test_invalid_config_value_stops_start_up_naming_the_key(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     config = tmp_path / "config.properties"
     config.write_text("job_queue_size=-3\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "ferry", "serve", "--ts-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_ferry("serve", "--ts-config", str(config), timeout=60)
     assert result.returncode == 2 and "job_queue_size" in result.stderr

@@ -7,21 +7,14 @@ import json
 
 from examples.demo.shapes import encode, labelled_samples
 from ferry.bench.load import run_closed_loop
+from tests.fixtures.load import closed_loop
 from tests.fixtures.server import RunningServer
 
 
 def test_demo_model_labels_generated_images_under_load(main_server: RunningServer) -> None:
     samples = labelled_samples(200, seed=4242)
     payloads = [encode(image, "PNG" if i % 2 else "JPEG") for i, (_, image) in enumerate(samples)]
-    result = asyncio.run(
-        run_closed_loop(
-            f"{main_server.url}/predictions/shapes",
-            payloads,
-            concurrency=8,
-            requests=len(payloads),
-            keep_bodies=True,
-        )
-    )
+    result = closed_loop(main_server, "shapes", payloads, concurrency=8)
     assert result.statuses == {200: len(payloads)}
     correct = 0
     for index, _, body in result.bodies:

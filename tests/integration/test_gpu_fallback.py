@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from examples.demo.shapes import encode, labelled_samples
+from tests.fixtures.models import DEMO_STORE
 from tests.fixtures.server import ferry_server
 
-DEMO_ARCHIVE = Path(__file__).resolve().parents[2] / "examples/demo/model-store/shapes.mar"
+DEMO_ARCHIVE = DEMO_STORE / "shapes.mar"
 
 
 def _gpu_variant(store: Path) -> str:

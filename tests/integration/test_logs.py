@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fixtures.models import digest_archive
+from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.models import HANDLERS, digest_archive
 from tests.fixtures.server import RunningServer, ferry_server
 
 
@@ -46,3 +47,31 @@ def test_json_log_lines(tmp_path: Path) -> None:
     assert access and access[0]["model"] == "echo" and access[0]["status"] == 200
     assert access[0]["batch_size"] == 1 and access[0]["latency_ms"] > 0
     assert any(r["logger"] == "ferry.worker.output" for r in records)
+
+
+def test_a_worker_error_is_one_json_record_with_its_traceback_and_request_id(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    spec = ArchiveSpec(model_name="noisy", handler=str(HANDLERS / "noisy_handler.py"))
+    archive = write_archive(spec, store, force=True).name
+    with ferry_server(store, [archive], tmp_path, "--log-format", "json") as server:
+        with server.client() as client:
+            response = client.post("/predictions/noisy", content=b"fail")
+        log = server.log()
+    assert response.status_code == 500
+    assert response.json()["message"] == "ValueError: asked to fail"  # no traceback
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    worker = [r for r in records if r["logger"] == "ferry.worker.output"]
+    errors = [r for r in worker if r["level"] == "ERROR"]
+    [refusal] = [r for r in errors if r["worker_logger"] == "noisy_handler"]
+    [failure] = [r for r in errors if "exception" in r]
+    request_id = refusal["message"].rsplit(" ", 1)[-1]  # the id the handler saw
+    assert refusal["request_id"] == failure["request_id"] == request_id
+    assert "[noisy " in failure["message"] and failure["message"].endswith("handler failed")
+    assert failure["exception"].startswith("Traceback (most recent call last):")
+    assert failure["exception"].rstrip().endswith("ValueError: asked to fail")
+    infos = [r["message"] for r in worker if r["level"] == "INFO"]
+    assert not [m for m in infos if "Traceback" in m or 'File "' in m or "asked to fail" in m]
+    assert not [line for line in log.splitlines() if "Traceback" in line and line[:1] != "{"]

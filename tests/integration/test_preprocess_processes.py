@@ -6,16 +6,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from ferry.handlers.base_handler import BaseHandler
-from ferry.handlers.context import Context
 from ferry.handlers.exceptions import PredictionException
 from ferry.worker.pipeline import PipelineSettings, StagePipeline
 from ferry.worker.preprocess_processes import PreprocessProcessDied
+from tests.fixtures.handler_inputs import batch_context
 
 
 class PidHandler(BaseHandler):
@@ -42,36 +43,32 @@ class LockedHandler(PidHandler):
         self.lock = threading.Lock()  # cannot be copied into a process
 
 
-def _context(size: int) -> Context:
-    context = Context("m", "/", {}, size, None)
-    context.start_batch([str(i) for i in range(size)], [{} for _ in range(size)])
-    return context
-
-
 @pytest.fixture(scope="module")
-def pipeline() -> Any:
+def pipeline() -> Iterator[StagePipeline]:
     stages = StagePipeline(PidHandler(), PipelineSettings(2, 2, 1, preprocess_in_processes=True))
     yield stages
     stages.close()
 
 
-def test_preprocess_runs_in_other_processes_and_results_keep_their_order(pipeline: Any) -> None:
-    results = pipeline.handle([{"body": i} for i in range(11)], _context(11))
+def test_preprocess_runs_in_other_processes_and_results_keep_their_order(
+    pipeline: StagePipeline,
+) -> None:
+    results = pipeline.handle([{"body": i} for i in range(11)], batch_context(11))
     assert [value for value, _ in results] == list(range(11))
     assert os.getpid() not in {pid for _, pid in results}
 
 
-def test_errors_and_a_dead_process_fail_only_their_micro_batch(pipeline: Any) -> None:
+def test_errors_and_a_dead_process_fail_only_their_micro_batch(pipeline: StagePipeline) -> None:
     rows = [{"body": v} for v in (1, 2, "bad", 4, 5, 6)]
-    results = pipeline.handle(rows, _context(6))
+    results = pipeline.handle(rows, batch_context(6))
     assert [r[0] for r in results[:2] + results[4:]] == [1, 2, 5, 6]
     assert all(isinstance(r, PredictionException) and r.error_code == 422 for r in results[2:4])
 
     rows = [{"body": v} for v in (1, 2, "die", 4)]
-    results = pipeline.handle(rows, _context(4))
+    results = pipeline.handle(rows, batch_context(4))
     assert all(isinstance(r, PreprocessProcessDied) for r in results[2:4])
     # The pool was started afresh: the next batch is answered in full.
-    again = pipeline.handle([{"body": i} for i in range(4)], _context(4))
+    again = pipeline.handle([{"body": i} for i in range(4)], batch_context(4))
     assert [value for value, _ in again] == [0, 1, 2, 3]
 
 
@@ -79,6 +76,6 @@ def test_a_handler_that_cannot_be_copied_keeps_threads(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, "ferry.worker"):
         stages = StagePipeline(LockedHandler(), PipelineSettings(2, 2, 1, True))
     assert "using threads" in caplog.text
-    results = stages.handle([{"body": i} for i in range(3)], _context(3))
+    results = stages.handle([{"body": i} for i in range(3)], batch_context(3))
     stages.close()
     assert results == [(i, os.getpid()) for i in range(3)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.cli import run_ferry, serve_args
 from tests.fixtures.models import digest_archive
 from tests.fixtures.server import ferry_server
 
@@ -107,27 +108,7 @@ def test_https_listeners(store: Path, tmp_path: Path) -> None:
             assert client.post("/predictions/echo", content=b"x").status_code == 200
 
 
-def test_https_without_certificate_stops_start_up(store: Path, tmp_path: Path) -> None:
-    import sys
-
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ferry",
-            "serve",
-            "--model-store",
-            str(store),
-            "--inference-address",
-            "https://127.0.0.1:0",
-            "--management-address",
-            "http://127.0.0.1:0",
-            "--metrics-address",
-            "http://127.0.0.1:0",
-            "--disable-token-auth",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_https_without_certificate_stops_start_up(store: Path) -> None:
+    https = serve_args(store, "--disable-token-auth", inference="https://127.0.0.1:0")
+    result = run_ferry(*https, timeout=60)
     assert result.returncode == 2 and "certificate_file" in result.stderr

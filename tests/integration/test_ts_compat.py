@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 
 import pytest
 
-from ferry.bench.load import run_closed_loop
+from tests.fixtures.load import closed_loop
 from tests.fixtures.server import RunningServer
 
 
@@ -34,15 +33,7 @@ def _answers_under_load(
 ) -> list[list[float]]:
     """Each row sent once at concurrency 16; the answers in request order (all must be 200)."""
     payloads = [json.dumps(row).encode() for row in rows]
-    result = asyncio.run(
-        run_closed_loop(
-            f"{server.url}/predictions/{model}",
-            payloads,
-            concurrency=16,
-            requests=len(payloads),
-            keep_bodies=True,
-        )
-    )
+    result = closed_loop(server, model, payloads, concurrency=16)
     assert result.statuses == {200: len(rows)}
     return [json.loads(body) for _, _, body in sorted(result.bodies)]
 

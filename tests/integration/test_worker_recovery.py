@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 
-from ferry.bench.load import run_closed_loop
+from tests.fixtures.load import closed_loop
 from tests.fixtures.server import RunningServer
 
 
@@ -28,16 +27,7 @@ def test_sigkilled_worker_under_load_is_replaced(main_server: RunningServer) -> 
             killed.append(victim)
 
     payloads = [f"load-{i}".encode() for i in range(300)]
-    result = asyncio.run(
-        run_closed_loop(
-            f"{main_server.url}/predictions/victim",
-            payloads,
-            concurrency=8,
-            requests=len(payloads),
-            keep_bodies=True,
-            on_response=kill_midway,
-        )
-    )
+    result = closed_loop(main_server, "victim", payloads, concurrency=8, on_response=kill_midway)
     assert killed == [victim]
     assert sum(result.statuses.values()) == 300, "every request must get an answer"
     assert set(result.statuses) <= {200, 500}

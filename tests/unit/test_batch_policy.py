@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from ferry.errors import Overloaded
@@ -128,14 +130,14 @@ def test_arrival_rate_counts_only_arrivals_into_a_waiting_queue() -> None:
 
 
 def test_decide_rules_in_isolation() -> None:
-    common = {"oldest_arrival": 0.0, "last_arrival": 0.0, "batch_size": 4, "max_delay": 0.1}
-    assert not decide(now=0.0, queued=0, arrival_rate=0.0, **common).dispatch
-    assert decide(now=0.0, queued=1, arrival_rate=0.0, **common).dispatch
-    assert decide(now=0.0, queued=4, arrival_rate=1e6, **common).dispatch
-    assert decide(now=0.0, queued=1, arrival_rate=5.0, **common).dispatch  # < 1 arrival expected
-    waiting = decide(now=0.0, queued=1, arrival_rate=100.0, **common)
+    rule = partial(decide, oldest_arrival=0.0, last_arrival=0.0, batch_size=4, max_delay=0.1)
+    assert not rule(now=0.0, queued=0, arrival_rate=0.0).dispatch
+    assert rule(now=0.0, queued=1, arrival_rate=0.0).dispatch
+    assert rule(now=0.0, queued=4, arrival_rate=1e6).dispatch
+    assert rule(now=0.0, queued=1, arrival_rate=5.0).dispatch  # < 1 arrival expected
+    waiting = rule(now=0.0, queued=1, arrival_rate=100.0)
     assert not waiting.dispatch and waiting.wake_at == pytest.approx(0.03)  # 3 gaps of 10 ms
-    assert decide(now=0.1, queued=1, arrival_rate=1e6, **common).dispatch
+    assert rule(now=0.1, queued=1, arrival_rate=1e6).dispatch
 
 
 def test_arrival_rate_evidence_decays_with_time() -> None:

@@ -55,8 +55,9 @@ def test_histogram_quantiles_from_scrape_deltas() -> None:
     assert delta.quantile(0.5) == pytest.approx(4 + 4 / 3)  # rank 2 of 4: a third into (4, 8]
     figures = server_figures(before, after, "m")
     assert figures["batches"] == 4 and figures["mean_batch_size"] == 6.25
-    assert figures["batch_size_distribution"]["<=1"] == 1
-    assert figures["batch_size_distribution"]["<=8"] == 3
+    distribution = figures["batch_size_distribution"]
+    assert isinstance(distribution, dict)
+    assert distribution["<=1"] == 1 and distribution["<=8"] == 3
     queue = figures["queue_ms"]
     assert isinstance(queue, dict) and 1.0 <= queue["p50"] <= 2.5
 

@@ -5,12 +5,14 @@ import pytest
 
 from ferry.worker import codec
 from ferry.worker.messages import (
+    PROTOCOL_VERSION,
     BatchResult,
     HandlerMetricValue,
     InputPart,
     ItemResult,
     PredictBatch,
     RequestItem,
+    StartWorker,
     WorkerLoadFailed,
     WorkerReady,
 )
@@ -30,6 +32,7 @@ MESSAGES = [
     ),
     WorkerReady(1234, "cpu"),
     WorkerLoadFailed("boom"),
+    StartWorker({"model_name": "m", "model_yaml_config": {"k": [1, 2.5, None]}}),
 ]
 
 
@@ -51,6 +54,8 @@ def test_garbage_and_unknown_kinds_are_refused() -> None:
     with pytest.raises(codec.ProtocolError):
         codec.decode(b"\xc1")
     with pytest.raises(codec.ProtocolError, match="unknown message kind"):
-        codec.decode(msgpack.packb([1, 42]))
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, 42]))
     with pytest.raises(codec.ProtocolError, match="malformed"):
-        codec.decode(msgpack.packb([1, 3, "only-one-field"]))
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, 3, "only-one-field"]))
+    with pytest.raises(codec.ProtocolError, match="malformed"):
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, 5, "not-a-mapping"]))

@@ -108,10 +108,10 @@ def test_cuda_path_runs_inference_on_the_compute_stream_and_syncs_even_on_error(
 class _Logged(torch.nn.Module):
     def __init__(self, cuda: FakeCuda) -> None:
         super().__init__()
-        self.cuda = cuda
+        self.fake_cuda = cuda  # not ``self.cuda``: that would hide nn.Module.cuda()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.cuda.log("model")
+        self.fake_cuda.log("model")
         return x.sum(1, keepdim=True)
 
 

@@ -105,7 +105,7 @@ def test_gpu_decoded_batches_match_the_pil_path(tmp_path: Any) -> None:
 def test_images_the_gpu_refuses_go_through_pil_or_fail_alone(tmp_path: Any) -> None:
     handler = _classifier(tmp_path)
     handler.jpeg_decoder = FakeDecoder()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"body": bytearray(_photo(1))},
         {"body": bytearray(_photo(2, fmt="PNG"))},  # not a JPEG: PIL
         {"body": bytearray(b"\xff\xd8\xff broken")},  # refused by both: fails alone

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from PIL import Image
 
 from ferry.errors import ArchiveError
 from ferry.handlers.context import Context
@@ -20,7 +18,8 @@ from ferry.handlers.model_loading import load_model, select_device
 from ferry.worker.messages import InputPart, PredictBatch, RequestItem
 from ferry.worker.payloads import encode_output, request_row
 from ferry.worker.runner import BatchRunner
-from tests.fixtures.models import DOUBLING_MODEL, Doubler
+from tests.fixtures.handler_inputs import png
+from tests.fixtures.models import DOUBLING_MODEL, Doubler, save_torchscript
 
 
 def _context(model_dir: Path, manifest: dict[str, Any] | None = None, **yaml: Any) -> Context:
@@ -170,7 +169,7 @@ def test_runner_passes_headers_and_returns_response_headers() -> None:
 def test_model_formats_load_and_run_batched(tmp_path: Path, weights_format: str) -> None:
     model_file = None
     if weights_format == "torchscript":
-        torch.jit.script(Doubler()).save(str(tmp_path / "m.pt"))
+        save_torchscript(Doubler(), tmp_path / "m.pt")
         serialized = "m.pt"
     elif weights_format == "eager":
         torch.save(Doubler().state_dict(), tmp_path / "m.pt")
@@ -196,12 +195,6 @@ def test_eager_weights_are_loaded_with_weights_only(tmp_path: Path) -> None:
         load_model(tmp_path, "m.pt", "eager_model2.py", select_device(None))
 
 
-def _png(colour: tuple[int, int, int]) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (40, 30), colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 class _ColourModel(torch.nn.Module):
     """Class 0 for red images, class 1 for blue ones."""
 
@@ -218,10 +211,10 @@ def test_image_classifier_batch_with_one_undecodable_image(tmp_path: Path) -> No
     context = _context(tmp_path, image_classifier={"resize": 16, "crop": 16, "topk": 2})
     handler.initialize(context)
     handler.model = _ColourModel()
-    rows = [
-        {"body": bytearray(_png((255, 0, 0)))},
+    rows: list[dict[str, Any]] = [
+        {"body": bytearray(png((255, 0, 0), size=(40, 30)))},
         {"data": bytearray(b"garbage")},
-        {"body": base64.b64encode(_png((0, 0, 255))).decode()},
+        {"body": base64.b64encode(png((0, 0, 255), size=(40, 30))).decode()},
     ]
     context.start_batch(["a", "b", "c"], [{}, {}, {}])
     red, broken, blue = handler.handle(rows, context)
@@ -233,7 +226,7 @@ def test_image_classifier_batch_with_one_undecodable_image(tmp_path: Path) -> No
 def test_base_handler_keeps_torchserve_loading_helpers(tmp_path: Path) -> None:
     from ferry.handlers.base_handler import BaseHandler
 
-    torch.jit.script(Doubler()).save(str(tmp_path / "m.pt"))
+    save_torchscript(Doubler(), tmp_path / "m.pt")
     torch.save(Doubler().state_dict(), tmp_path / "w.pt")
     (tmp_path / "helper_model.py").write_text(DOUBLING_MODEL)
     handler = BaseHandler()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ferry.errors import HandlerFailed, InvalidInput
+from ferry.scheduling.dispatcher import to_outcome as _to_outcome
 from ferry.scheduling.jobs import InferenceResponse
-from ferry.scheduling.model_runner import Backoff, _to_outcome
+from ferry.scheduling.pool import Backoff
 from ferry.worker.messages import ItemResult
 
 

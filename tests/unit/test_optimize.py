@@ -13,6 +13,7 @@ from ferry.errors import ConfigError
 from ferry.handlers.base_handler import BaseHandler
 from ferry.handlers.context import Context
 from ferry.handlers.optimize import Optimizations, warm_up
+from tests.fixtures.models import save_torchscript
 
 
 def _cnn() -> nn.Module:
@@ -49,7 +50,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same weights as TorchScript (cnn.pt) and as eager state_dict (cnn_state.pt)."""
     folder = tmp_path_factory.mktemp("model")
     model = _cnn()
-    torch.jit.script(model).save(str(folder / "cnn.pt"))
+    save_torchscript(model, folder / "cnn.pt")
     torch.save(model.state_dict(), folder / "cnn_state.pt")
     (folder / "cnn_net.py").write_text(EAGER)
     return folder

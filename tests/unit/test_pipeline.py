@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import threading
 from typing import Any
 
 import pytest
 import torch
-from PIL import Image
 
 from ferry.errors import ConfigError
 from ferry.handlers.context import Context
 from ferry.handlers.image_classifier import ImageClassifier
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
+from tests.fixtures.handler_inputs import batch_context, png
 
 
 class Recorder:
@@ -47,17 +46,11 @@ class Recorder:
         raise AssertionError("the pipeline calls the stages, not handle")
 
 
-def _context(size: int) -> Context:
-    context = Context("m", "/", {}, size, None)
-    context.start_batch([str(i) for i in range(size)], [{} for _ in range(size)])
-    return context
-
-
 def test_results_come_back_in_order_from_several_threads() -> None:
     handler = Recorder()
     pipeline = StagePipeline(handler, PipelineSettings(3, 2, 2))
     rows = [{"body": i} for i in range(50)]
-    context = _context(50)
+    context = batch_context(50)
     assert pipeline.handle(rows, context) == [float(i * i) for i in range(50)]
     assert handler.threads and all(name.startswith("pre") for name in handler.threads)
     assert handler.most_ready <= 2 + 1  # never more than parallelism + 1 micro-batches ahead
@@ -68,16 +61,10 @@ def test_results_come_back_in_order_from_several_threads() -> None:
 def test_an_error_fails_only_its_micro_batch() -> None:
     pipeline = StagePipeline(Recorder(), PipelineSettings(2, 2, 1))
     rows = [{"body": v} for v in (1, 2, "bad", 4, 5, 6)]
-    results = pipeline.handle(rows, _context(6))
+    results = pipeline.handle(rows, batch_context(6))
     assert results[:2] == [1.0, 4.0] and results[4:] == [25.0, 36.0]
     assert all(isinstance(r, ValueError) for r in results[2:4])
     pipeline.close()
-
-
-def _png(colour: tuple[int, int, int]) -> bytearray:
-    buffer = io.BytesIO()
-    Image.new("RGB", (32, 32), colour).save(buffer, format="PNG")
-    return bytearray(buffer.getvalue())
 
 
 def test_image_classifier_keeps_per_request_decode_errors_in_the_pipeline(tmp_path: Any) -> None:
@@ -95,13 +82,13 @@ def test_image_classifier_keeps_per_request_decode_errors_in_the_pipeline(tmp_pa
     assert staged_handler(handler.handle) is handler
     pipeline = StagePipeline(handler, PipelineSettings(2, 2, 1))
     rows = [
-        {"body": _png((255, 0, 0))},
+        {"body": bytearray(png((255, 0, 0)))},
         {"body": bytearray(b"junk")},
-        {"body": _png((0, 0, 255))},
-        {"body": _png((0, 255, 0))},
+        {"body": bytearray(png((0, 0, 255)))},
+        {"body": bytearray(png((0, 255, 0)))},
         {"body": bytearray(b"junk")},
     ]
-    results = pipeline.handle(rows, _context(5))
+    results = pipeline.handle(rows, batch_context(5))
     assert [isinstance(r, Exception) for r in results] == [False, True, False, False, True]
     assert all(isinstance(r, dict) and len(r) == 2 for r in (results[0], results[2], results[3]))
     pipeline.close()

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from ferry.cli.main import build_parser
+from ferry.cli.serve import flags_from_args
 from ferry.config.settings import Address
-from ferry.config.sources import load_settings, read_properties
+from ferry.config.sources import (
+    IGNORED_TORCHSERVE_KEYS,
+    OPTIONS_BY_KEY,
+    load_settings,
+    read_properties,
+)
 from ferry.errors import ConfigError
 
 PROPERTIES = r"""
@@ -93,6 +100,13 @@ def test_defaults_are_safe() -> None:
         ("models", '{"a": 1}'),
         ("log_format", "xml"),
         ("default_response_timeout", "-1"),
+        ("default_response_timeout", "nan"),
+        ("default_response_timeout", "inf"),
+        ("default_batch_size", "0"),
+        ("default_batch_size", "eight"),
+        ("default_max_batch_delay", "-5"),
+        ("default_max_batch_delay", "nan"),
+        ("default_max_batch_delay", "inf"),
     ],
 )
 def test_invalid_values_name_the_key(tmp_path: Path, key: str, value: str) -> None:
@@ -113,3 +127,44 @@ def test_unparsable_line_and_missing_file_are_errors(tmp_path: Path) -> None:
         read_properties(_properties(tmp_path, "just words\n"))
     with pytest.raises(ConfigError, match="cannot read"):
         read_properties(tmp_path / "absent.properties")
+
+
+def test_no_option_is_also_an_ignored_torchserve_key() -> None:
+    assert not IGNORED_TORCHSERVE_KEYS & OPTIONS_BY_KEY.keys()
+
+
+def test_enable_metrics_api_is_applied_without_an_ignored_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ferry.config"):
+        settings = load_settings({}, {}, _properties(tmp_path, "enable_metrics_api=false\n"))
+    assert settings.enable_metrics_api is False
+    assert "enable_metrics_api" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "text", "value"),
+    [
+        ("default_batch_size", "default_batch_size", "8", 8),
+        ("default_max_batch_delay", "default_max_batch_delay_ms", "25.5", 25.5),
+    ],
+)
+def test_batching_defaults_are_settable_from_every_source(
+    tmp_path: Path, key: str, field: str, text: str, value: object
+) -> None:
+    default = getattr(load_settings({}, {}, None), field)
+    assert default != value
+    config = _properties(tmp_path, f"{key}={text}\n")
+    env_key = key.upper()
+    ts_env = {f"TS_{env_key}": text, "FERRY_ENABLE_ENVVARS_CONFIG": "true"}
+    sources = [  # the file, FERRY_*, TS_* (when enabled), the flags as parsed, as given
+        load_settings({}, {}, config),
+        load_settings({}, {f"FERRY_{env_key}": text}, None),
+        load_settings({}, ts_env, None),
+        load_settings({key: text}, {}, None),
+    ]
+    flag = f"--{key.replace('_', '-')}"
+    args = build_parser().parse_args(["serve", flag, text])
+    sources.append(load_settings(flags_from_args(args), {}, None))
+    assert [getattr(settings, field) for settings in sources] == [value] * 5
+    assert getattr(load_settings({}, {f"TS_{env_key}": text}, None), field) == default

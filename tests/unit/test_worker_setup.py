@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from ferry.worker import codec
+from ferry.worker.messages import StartWorker
 from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import GLIBC_MALLOC_SETTINGS, worker_environment
 
@@ -11,6 +13,9 @@ def test_worker_environment_adds_malloc_settings_but_user_values_win() -> None:
     assert env["MALLOC_MMAP_THRESHOLD_"] == GLIBC_MALLOC_SETTINGS["MALLOC_MMAP_THRESHOLD_"]
 
 
-def test_worker_spec_round_trips_through_json() -> None:
+def test_worker_spec_round_trips_through_its_first_frame() -> None:
     spec = WorkerSpec("m", "/models/m", "h.py:fn", {"model": {}}, 8, None, {"k": [1]}, 2, "w0.1")
-    assert WorkerSpec.from_json(spec.to_json()) == spec
+    frame = codec.encode(StartWorker(spec.to_dict()))
+    message = codec.decode(frame[codec.FRAME_HEADER.size :])
+    assert isinstance(message, StartWorker)
+    assert WorkerSpec.from_dict(message.spec) == spec

@@ -1,0 +1,135 @@
+"""HTTP listeners: uvicorn serving one API's ASGI app on a socket bound before serving.
+
+``ferry.server`` builds one listener per API with the factories below, binds them all, and
+only then serves; so a port in use stops start-up before a key file is written or a worker
+started. Token checks (``ferry.http.auth``) are put in front of the apps here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from ferry.config.settings import Address, ServerSettings
+from ferry.errors import ConfigError
+from ferry.http.auth import TokenAuth
+from ferry.http.inference import inference_app
+from ferry.http.management import management_app
+from ferry.http.metrics import metrics_app
+from ferry.security import ApiKeys
+from ferry.service import FerryService
+
+DRAIN_SECONDS = 10.0
+"""On stop, how long requests in flight may take to finish before they are cancelled."""
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: ``ferry.server`` owns shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind(address: Address) -> socket.socket:
+    """A listening, non-blocking socket; raises ``OSError`` (e.g. address in use)."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address.host, address.port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) -> uvicorn.Config:
+    tls: dict[str, Any] = {}
+    if address.scheme == "https":
+        if settings.certificate_file is None or settings.private_key_file is None:
+            raise ConfigError(f"{address.url()}: https needs certificate_file and private_key_file")
+        tls = {
+            "ssl_certfile": str(settings.certificate_file),
+            "ssl_keyfile": str(settings.private_key_file),
+        }
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        http="httptools",
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=int(DRAIN_SECONDS),
+        **tls,
+    )
+    try:
+        config.load()  # fail now, with a clear error, on an unreadable certificate or key
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            f"{address.url()}: cannot load the TLS certificate or key: {error}"
+        ) from error
+    return config
+
+
+class HttpListener:
+    """One API on one address: ``bind()``, then ``serve()`` until ``stop()``."""
+
+    def __init__(self, app: ASGIApp, address: Address, settings: ServerSettings) -> None:
+        self.address = address
+        self._server = _Uvicorn(_uvicorn_config(app, address, settings))
+        self._socket: socket.socket | None = None
+        self._serving = False
+
+    def bind(self) -> str:
+        """Bind the address now and return the URL bound (with the port chosen for port 0)."""
+        self._socket = bind(self.address)
+        host, port = self._socket.getsockname()[:2]
+        return Address(host, port, self.address.scheme).url()
+
+    async def serve(self) -> None:
+        if self._socket is None:
+            raise RuntimeError("bind() the listener before serving")
+        self._serving = True
+        await self._server.serve(sockets=[self._socket])
+
+    def stop(self) -> None:
+        """Stop accepting; ``serve()`` returns once requests in flight finished (or after
+        ``DRAIN_SECONDS``). A listener that never served just releases its socket."""
+        self._server.should_exit = True
+        if not self._serving and self._socket is not None:
+            self._socket.close()
+
+
+def inference_listener(
+    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+) -> HttpListener:
+    """TorchServe's inference API; it needs the inference key only beyond loopback."""
+    app: ASGIApp = inference_app(service)
+    if keys is not None and not address.is_loopback:
+        app = TokenAuth(app, keys.inference)
+    return HttpListener(app, address, settings)
+
+
+def management_listener(
+    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+) -> HttpListener:
+    app: ASGIApp = management_app(service)
+    if keys is not None:
+        app = TokenAuth(app, keys.management)
+    return HttpListener(app, address, settings)
+
+
+def metrics_listener(
+    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+) -> HttpListener:
+    """Prometheus scrapes need no key."""
+    return HttpListener(metrics_app(service), address, settings)

@@ -1,0 +1,310 @@
+"""The composition root of ``ferry serve``: settings → service → listeners → keys → ready
+file, and back down again on SIGINT or SIGTERM.
+
+Start-up, in this order:
+
+1. SIGINT/SIGTERM handlers, first thing in the event loop, so that a signal at any later
+   moment (models loading, serving, shutting down) stops the server by the same path.
+2. The service (no workers yet), the API keys (``ferry.security``; nothing written yet),
+   and one listener per enabled row of ``LISTENERS``, bound before anything serves. If
+   one cannot listen, start-up stops here: no key file is written and no worker started.
+3. Generated keys are written to the key file; the listeners serve; the start-up models
+   load; once they are ready, the ready file gets the bound addresses.
+
+Shutdown: start-up model loading is cancelled, listeners stop (requests in flight get a
+few seconds), ``service.close()`` stops the workers (bounded by ``CLOSE_SECONDS``), and
+any child process still alive is killed. A signal while shutting down exits at once.
+
+Exit codes:
+
+- 0: stopped by SIGINT or SIGTERM once start-up had completed.
+- 1: start-up failed (a model could not load), or a signal interrupted it
+  ("start-up interrupted"; also before this module runs, see ``ferry.cli.serve``).
+- 2: the configuration cannot work: a listener cannot bind (``cannot listen on URL
+  (inference_address): address already in use``), TLS files are missing, the key file is
+  malformed. ``run_server`` raises ``ConfigError``; the CLI prints it as one line.
+- 128 + N: signal N arrived while shutting down; the process exited at once.
+
+A transport is one row of ``LISTENERS`` and a factory in its own package; a gRPC API
+would be ``ListenerSpec("grpc", "grpc_address", _grpc_enabled, grpc_listener)`` with
+``grpc_listener`` in ``ferry/grpc/``, leaving ``ferry/http/`` untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import select
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ferry.config.settings import Address, ServerSettings
+from ferry.errors import ConfigError, FerryError
+from ferry.http.listener import inference_listener, management_listener, metrics_listener
+from ferry.security import ApiKeys, KeyPlan, plan_keys
+from ferry.service import FerryService
+
+log = logging.getLogger("ferry")
+
+CLOSE_SECONDS = 30.0
+"""How long ``service.close()`` may take before the workers are killed outright."""
+LISTENER_STOP_SECONDS = 30.0
+"""How long the listeners may take to stop (they drain requests in flight first)."""
+
+
+class Listener(Protocol):
+    """One API on one address, as the composition root drives it."""
+
+    def bind(self) -> str:
+        """Bind now (raising ``OSError``, e.g. address in use); returns the URL bound."""
+
+    async def serve(self) -> None:
+        """Serve on the bound address until ``stop()``."""
+
+    def stop(self) -> None:
+        """Stop accepting; ``serve()`` returns once requests in flight are done."""
+
+
+ListenerFactory = Callable[[Address, FerryService, ServerSettings, ApiKeys | None], Listener]
+
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    name: str
+    """Names the API in logs and in the ready file."""
+    address_field: str
+    """The ``ServerSettings`` field holding its address (its config.properties key)."""
+    enabled: Callable[[ServerSettings], bool]
+    build: ListenerFactory
+
+    def address(self, settings: ServerSettings) -> Address:
+        address: Address = getattr(settings, self.address_field)
+        return address
+
+
+def _always(settings: ServerSettings) -> bool:
+    return True
+
+
+def _metrics_enabled(settings: ServerSettings) -> bool:
+    return settings.enable_metrics_api
+
+
+LISTENERS: tuple[ListenerSpec, ...] = (
+    ListenerSpec("inference", "inference_address", _always, inference_listener),
+    ListenerSpec("management", "management_address", _always, management_listener),
+    ListenerSpec("metrics", "metrics_address", _metrics_enabled, metrics_listener),
+)
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM. The first asks the server to stop; one that arrives once
+    stopping has begun kills the workers and exits at once."""
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.on_signal, signum)
+
+    def on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.requested.is_set():
+            log.warning("%s while stopping: exiting now", name)
+            _kill_children()
+            os._exit(128 + signum)
+        log.info("%s: stopping", name)
+        self.requested.set()
+
+
+async def run_server(settings: ServerSettings) -> int:
+    """Serve until SIGINT or SIGTERM; returns the exit code (see the module docstring).
+    Raises ``ConfigError`` for the exit-2 cases, after cleaning up."""
+    stop = _StopSignals()
+    stop.install(asyncio.get_running_loop())
+    service = FerryService(settings)
+    listeners: list[Listener] = []
+    serving: list[asyncio.Task[None]] = []
+    try:
+        if stop.requested.is_set():
+            log.warning("start-up interrupted")
+            return 1
+        keys = _plan_keys(settings)
+        built = [
+            (spec, spec.build(spec.address(settings), service, settings, _keys(keys)))
+            for spec in LISTENERS
+            if spec.enabled(settings)
+        ]
+        listeners = [listener for _, listener in built]
+        urls = _bind_all(built, settings)
+        if keys is not None:
+            keys.save()
+            _log_keys(keys)
+        serving = [asyncio.create_task(listener.serve()) for listener in listeners]
+        return await _start_up_then_serve(service, settings, urls, stop)
+    finally:
+        stop.requested.set()  # from here on, a signal exits at once
+        await _shut_down(service, listeners, serving)
+
+
+def _plan_keys(settings: ServerSettings) -> KeyPlan | None:
+    if settings.disable_token_authorization:
+        log.warning("token authorization is disabled")
+        return None
+    return plan_keys(settings.key_file, settings.management_key, settings.inference_key)
+
+
+def _keys(plan: KeyPlan | None) -> ApiKeys | None:
+    return plan.keys if plan is not None else None
+
+
+def _log_keys(keys: KeyPlan) -> None:
+    where = {
+        "settings": "from settings",
+        "key file": f"from {keys.path.resolve()}",
+        "generated": f"new, written to {keys.path.resolve()}",
+    }[keys.origin]
+    log.info("token authorization on; keys %s", where)
+
+
+def _bind_all(
+    built: Sequence[tuple[ListenerSpec, Listener]], settings: ServerSettings
+) -> dict[str, str]:
+    """Bind every listener (the first that cannot stops start-up); the bound URL of each,
+    by API name."""
+    urls = {}
+    for spec, listener in built:
+        try:
+            urls[spec.name] = listener.bind()
+        except OSError as error:
+            reason = (error.strerror or str(error)).lower()
+            address = spec.address(settings).url()
+            raise ConfigError(
+                f"cannot listen on {address} ({spec.address_field}): {reason}"
+            ) from None
+    return urls
+
+
+async def _start_up_then_serve(
+    service: FerryService, settings: ServerSettings, urls: dict[str, str], stop: _StopSignals
+) -> int:
+    if not await _load_models(service, stop):
+        return 1
+    for name, url in urls.items():
+        log.info("%s API listening on %s", name, url)
+    _log_models(service)
+    if settings.ready_file is not None:
+        _write_ready_file(settings.ready_file, urls)
+    await stop.requested.wait()
+    return 0
+
+
+async def _load_models(service: FerryService, stop: _StopSignals) -> bool:
+    """Load the start-up models unless a signal comes first; True when they loaded."""
+    loading = asyncio.create_task(service.load_startup_models())
+    stopping = asyncio.create_task(stop.requested.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not loading.done():
+        loading.cancel()
+        await asyncio.wait({loading})
+        log.warning("start-up interrupted")
+        return False
+    error = loading.exception()
+    if isinstance(error, ConfigError):  # an invalid model-config.yaml: exit 2 naming the key
+        raise error
+    if isinstance(error, FerryError):
+        log.error("start-up failed: %s", error.message)
+        return False
+    if error is not None:
+        raise error
+    return True
+
+
+def _log_models(service: FerryService) -> None:
+    for model in service.all_statuses():
+        devices = sorted({worker.device for worker in model.workers if worker.device})
+        log.info(
+            "model %s v%s: %d workers on %s",
+            model.name,
+            model.version,
+            model.min_workers,
+            ", ".join(devices or ["none"]),
+        )
+
+
+def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(addresses))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+async def _shut_down(
+    service: FerryService, listeners: Iterable[Listener], serving: list[asyncio.Task[None]]
+) -> None:
+    if serving:
+        log.info("shutting down")
+    for listener in listeners:
+        listener.stop()
+    await _bounded("listeners", serving, LISTENER_STOP_SECONDS)
+    closing = asyncio.create_task(service.close())
+    if not await _bounded("workers", [closing], CLOSE_SECONDS):
+        log.error("workers did not stop within %.0f s; killing them", CLOSE_SECONDS)
+    _kill_children()
+
+
+async def _bounded(what: str, tasks: list[asyncio.Task[None]], timeout: float) -> bool:
+    """Wait for ``tasks``; cancel those still running after ``timeout``. Logs their errors."""
+    if not tasks:
+        return True
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping %s failed", what, exc_info=task.exception())
+    return not pending
+
+
+def _kill_children() -> None:
+    """Kill every child process still alive and wait (briefly) until each has died.
+
+    The last line of defence against orphans: ``service.close()`` normally stops every
+    worker first, and workers also die with this process (``ferry.worker.lifetime``).
+    Linux only (``/proc``); elsewhere it does nothing.
+    """
+    for pid in _child_pids(os.getpid()):
+        try:
+            handle = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            handle = None
+        try:
+            os.kill(pid, signal.SIGKILL)
+            if handle is not None:
+                select.select([handle], [], [], 5.0)  # readable once the process has exited
+        except ProcessLookupError:
+            pass
+        finally:
+            if handle is not None:
+                os.close(handle)
+
+
+def _child_pids(parent: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if int(fields[1]) == parent and fields[0] != "Z":
+            children.append(int(stat.parent.name))
+    return children
+
+
+__all__ = ["LISTENERS", "Listener", "ListenerSpec", "run_server"]

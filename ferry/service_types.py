@@ -1,0 +1,102 @@
+"""What the service's public calls take and return. Transports (``ferry.http``, and later
+gRPC) speak only these and ``ferry.errors``; they never import scheduling or worker types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """One input of a request: the raw body (``name="body"``) or one form field."""
+
+    name: str
+    content_type: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A handler's answer to one request."""
+
+    body: bytes
+    content_type: str
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    batch_size: int = 1
+    """How many requests shared this request's batch."""
+    queued_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registered model version, resolved (the default version when none was named)."""
+
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Health:
+    """The server's health, by TorchServe's ``/ping`` rule."""
+
+    status: str
+    """``Healthy``, ``Partial Healthy`` or ``Unhealthy``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "Unhealthy"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether one model version can take requests now, and if not, why."""
+
+    model: ModelRef
+    ready: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    """``POST /models``: TorchServe's parameters; None means "from the archive or default"."""
+
+    url: str
+    model_name: str | None = None
+    handler: str | None = None
+    runtime: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: float | None = None
+    initial_workers: int | None = None
+    synchronous: bool = False
+    response_timeout: float | None = None
+    startup_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A model version just registered (or scaled): its workers, and whether they are up."""
+
+    model: ModelRef
+    workers: int
+    ready: bool
+
+
+@dataclass(frozen=True)
+class ModelPage:
+    models: list[tuple[str, str]]
+    """(model name, archive of its default version)."""
+    next_page_token: str | None
+
+
+__all__ = [
+    "Health",
+    "InputPart",
+    "ModelPage",
+    "ModelRef",
+    "Prediction",
+    "Readiness",
+    "RegisterRequest",
+    "Registration",
+]

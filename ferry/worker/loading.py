@@ -1,0 +1,81 @@
+"""Load a model's handler as a worker runs it: the one loader that the worker process,
+``ferry bench profile`` and the benchmark scripts share.
+
+It puts the model folder first on ``sys.path`` (handlers import their own files) and
+TorchServe's ``ts`` shim last (only when no real ``ts`` is importable), builds the
+``Context``, resolves and initialises the entry point by TorchServe's rules
+(``ferry.handlers.loader``) and, when model-config.yaml asks for ``micro_batching``, wraps
+it in the stage pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ferry._compat import SHIM_ROOT
+from ferry.handlers.context import Context
+from ferry.handlers.loader import EntryPoint, load_entry_point
+from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
+
+log = logging.getLogger("ferry.worker")
+
+
+@dataclass
+class ReadyHandler:
+    """A handler loaded and initialised in this process."""
+
+    entry: EntryPoint
+    """What to call per batch, ``entry(rows, context)``: the stage pipeline when configured."""
+    context: Context
+    instance: Any | None
+    """The handler object for class-based handlers (its ``preprocess``, ``model`` ...);
+    None for function handlers."""
+    pipeline: StagePipeline | None = None
+
+    def close(self) -> None:
+        """Stop the stage pipeline's threads and processes, if any."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+
+
+def prepare_imports(model_dir: str) -> None:
+    """The model folder first on ``sys.path``; the ``ts`` shim last, if no ``ts`` exists."""
+    if model_dir in sys.path:
+        sys.path.remove(model_dir)
+    sys.path.insert(0, model_dir)
+    if importlib.util.find_spec("ts") is None:
+        sys.path.append(str(SHIM_ROOT))
+
+
+def load_handler(
+    model_dir: str,
+    handler: str,
+    manifest: dict[str, Any],
+    model_yaml_config: dict[str, Any],
+    *,
+    batch_size: int,
+    gpu_id: int | None,
+    name: str,
+) -> ReadyHandler:
+    """Import, instantiate and initialise ``handler`` (the manifest's handler string)."""
+    prepare_imports(model_dir)
+    context = Context(
+        name, model_dir, manifest, batch_size, gpu_id, model_yaml_config=model_yaml_config
+    )
+    entry = load_entry_point(handler, context)
+    ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
+    settings = PipelineSettings.from_model_config(model_yaml_config)
+    if settings is None:
+        return ready
+    staged = staged_handler(entry)
+    if staged is None:
+        log.warning("micro_batching ignored: the handler has no preprocess/inference/postprocess")
+        return ready
+    log.info("stage pipeline on: %s", settings)
+    ready.pipeline = StagePipeline(staged, settings)
+    ready.entry = ready.pipeline.handle
+    return ready

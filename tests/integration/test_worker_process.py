@@ -1,0 +1,78 @@
+"""``WorkerProcess.start`` with real processes: a worker that cannot be spawned or that
+speaks another protocol is a start failure of the right kind, and never left running."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import sys
+
+import pytest
+
+from ferry.worker import process as worker_process
+from ferry.worker.handle import StartFailure, WorkerStartFailed
+from ferry.worker.process import WorkerProcess
+from tests.fixtures.fake_worker import spec
+
+# Reads the spec frame, answers with a frame of protocol version 99, then waits forever.
+OTHER_VERSION_WORKER = """
+import os, struct, sys, time
+import msgpack
+fd = int(sys.argv[1])
+(size,) = struct.unpack("!I", os.read(fd, 4))
+os.read(fd, size)
+payload = msgpack.packb([99, 3, os.getpid(), "cpu"])
+os.write(fd, struct.pack("!I", len(payload)) + payload)
+time.sleep(600)
+"""
+
+
+def test_a_worker_of_another_protocol_version_fails_to_start_and_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spawned: list[asyncio.subprocess.Process] = []
+
+    async def other_version(child: socket.socket) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            OTHER_VERSION_WORKER,
+            str(child.fileno()),
+            pass_fds=(child.fileno(),),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(worker_process, "_spawn", other_version)
+
+    async def scenario() -> None:
+        with pytest.raises(WorkerStartFailed) as failure:
+            await WorkerProcess.start(spec(), startup_timeout=60)
+        assert failure.value.kind is StartFailure.PROTOCOL
+        assert "protocol version 99" in failure.value.message
+        (proc,) = spawned
+        assert await asyncio.wait_for(proc.wait(), 30) != 0  # killed, not left running
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_cannot_be_spawned_is_a_deterministic_start_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def too_big(child: socket.socket) -> asyncio.subprocess.Process:
+        raise OSError(errno.E2BIG, os.strerror(errno.E2BIG))
+
+    monkeypatch.setattr(worker_process, "_spawn", too_big)
+
+    async def scenario() -> None:
+        with pytest.raises(WorkerStartFailed) as failure:
+            await WorkerProcess.start(spec(), startup_timeout=60)
+        assert failure.value.kind is StartFailure.SPAWN
+        assert failure.value.kind.deterministic
+        assert "Argument list too long" in failure.value.message
+
+    asyncio.run(scenario())

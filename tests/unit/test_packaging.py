@@ -1,0 +1,249 @@
+"""What ``pip install ferry-serve`` promises: every module Ferry imports is declared, the server
+runs without the ``bench`` extra, and ``ferry bench`` without it says what to install."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.cli.bench import BENCH_EXTRA_MODULES, needing_bench_extra
+from ferry.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "ferry"
+
+DISTRIBUTION_OF = {
+    "torch": "torch",
+    "numpy": "numpy",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "msgpack": "msgpack",
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "multipart": "python-multipart",
+    "python_multipart": "python-multipart",
+    "aiohttp": "aiohttp",
+    "httpx": "httpx",
+    "matplotlib": "matplotlib",
+}
+"""Import name -> the distribution that provides it (they differ: ``yaml`` is ``pyyaml``)."""
+
+OPTIONAL_MODULES = {
+    "torchvision",
+    "captum",
+    "onnxruntime",  # the onnx extra
+    "pynvml",  # nvidia-ml-py
+    "uvloop",  # with uvicorn[standard], but not on every platform
+    "httptools",
+    "watchfiles",
+}
+"""Used when present: each import of one must sit in a ``try`` that catches ImportError."""
+
+NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/")
+"""``ferry bench`` has its own extra; the TorchServe shim only re-exports Ferry's handlers."""
+
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _requirement_name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group()).lower()
+
+
+def _declared() -> tuple[set[str], dict[str, set[str]]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_requirement_name(r) for r in project["dependencies"]}
+    extras = {
+        extra: {_requirement_name(r) for r in requirements}
+        for extra, requirements in project["optional-dependencies"].items()
+    }
+    return base, extras
+
+
+def _imported_name(node: ast.AST) -> str | None:
+    """The top-level module ``node`` imports: import statements and
+    ``importlib.import_module("literal")``."""
+    if isinstance(node, ast.Import):
+        return node.names[0].name.partition(".")[0]
+    if isinstance(node, ast.ImportFrom):
+        return node.module.partition(".")[0] if node.level == 0 and node.module else None
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        function = node.func
+        name = function.attr if isinstance(function, ast.Attribute) else None
+        name = function.id if isinstance(function, ast.Name) else name
+        if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+            return node.args[0].value.partition(".")[0]
+    return None
+
+
+def _catches_import_errors(handler: ast.ExceptHandler) -> bool:
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    return caught is None or any(isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names)
+
+
+def third_party_imports(path: Path) -> Iterator[tuple[str, bool, int]]:
+    """(module, guarded by ``except ImportError``, line) for each import outside the stdlib."""
+    tree = ast.parse(path.read_text(), str(path))
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(map(_catches_import_errors, node.handlers)):
+            guarded.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    for node in ast.walk(tree):
+        name = _imported_name(node)
+        if name and name != "ferry" and name not in sys.stdlib_module_names:
+            yield name, id(node) in guarded, getattr(node, "lineno", 0)
+
+
+def _undeclared(files: list[Path], declared: set[str]) -> list[str]:
+    problems = []
+    for path in files:
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for module, guarded, line in third_party_imports(path):
+            if module in OPTIONAL_MODULES:
+                if not guarded:
+                    problems.append(f"{where}:{line}: optional {module} is imported unguarded")
+            elif DISTRIBUTION_OF.get(module) not in declared:
+                problems.append(f"{where}:{line}: {module} is not a declared dependency")
+    return problems
+
+
+def _package_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_server_imports_only_base_dependencies() -> None:
+    base, _ = _declared()
+    server = [
+        p
+        for p in _package_files()
+        if not p.relative_to(PACKAGE).as_posix().startswith(NOT_SERVER_CODE)
+    ]
+    assert len(server) > 30  # the walk found the package
+    assert _undeclared(server, base) == []
+
+
+def test_bench_imports_only_base_and_bench_dependencies() -> None:
+    base, extras = _declared()
+    bench = [PACKAGE / "cli" / "bench.py", *sorted((PACKAGE / "bench").glob("*.py"))]
+    assert _undeclared(bench, base | extras.get("bench", set())) == []
+    assert set(BENCH_EXTRA_MODULES) <= extras["bench"]  # what the CLI tells users it installs
+
+
+def test_the_base_install_is_lean() -> None:
+    base, extras = _declared()
+    assert base.isdisjoint({"aiohttp", "httpx", "matplotlib", "onnxruntime"})
+    assert "onnxruntime" in extras["onnx"]
+
+
+def test_a_missing_distribution_is_reported(tmp_path: Path) -> None:
+    module = tmp_path / "uses_undeclared.py"
+    module.write_text(
+        "import httpx\n"
+        "try:\n    import torchvision\nexcept ImportError:\n    pass\n"
+        "import importlib\nimportlib.import_module('pynvml')\n"
+    )
+    assert _undeclared([module], {"torch"}) == [
+        f"{module}:1: httpx is not a declared dependency",
+        f"{module}:7: optional pynvml is imported unguarded",
+    ]
+
+
+BENCH_COMMANDS = {
+    "load": [
+        "load",
+        "http://127.0.0.1:9/p/m",
+        "--input",
+        "x",
+        "--concurrency",
+        "1",
+        "--requests=1",
+    ],
+    "profile": ["profile", "model.mar", "--input", "x"],
+    "sweep": ["sweep", "spec.yaml"],
+    "tune": ["tune", "model.mar", "--slo-p99", "100ms", "--input", "x"],
+}
+
+
+@pytest.mark.parametrize(
+    ("tool", "missing", "reported"),
+    [
+        ("load", BENCH_EXTRA_MODULES, "aiohttp"),
+        ("profile", BENCH_EXTRA_MODULES, "matplotlib"),
+        ("sweep", BENCH_EXTRA_MODULES, "aiohttp"),
+        ("tune", BENCH_EXTRA_MODULES, "aiohttp"),
+        ("sweep", ("matplotlib",), "matplotlib"),
+        ("tune", ("httpx",), "httpx"),
+    ],
+)
+def test_bench_without_the_extra_says_what_to_install(
+    tool: str,
+    missing: tuple[str, ...],
+    reported: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)  # import now raises ModuleNotFoundError
+    assert main(["bench", *BENCH_COMMANDS[tool]]) == 2
+    assert capsys.readouterr().err == (
+        f"ferry bench {tool}: needs the 'bench' extra: pip install 'ferry-serve[bench]' "
+        f"(missing module {reported})\n"
+    )
+
+
+def test_a_bench_module_missing_mid_command_is_reported_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def plots(args: argparse.Namespace) -> int:
+        raise ModuleNotFoundError("No module named 'matplotlib.pyplot'", name="matplotlib.pyplot")
+
+    def other(args: argparse.Namespace) -> int:
+        raise ModuleNotFoundError("No module named 'scipy'", name="scipy")
+
+    args = argparse.Namespace(tool="profile")
+    assert needing_bench_extra(plots)(args) == 2
+    assert "(missing module matplotlib)" in capsys.readouterr().err
+    with pytest.raises(ModuleNotFoundError):  # not ours to explain
+        needing_bench_extra(other)(args)
+
+
+LEAN_PROCESS = """
+import importlib, pkgutil, sys
+import ferry
+sys.modules.update(dict.fromkeys({blocked!r}))  # as if the bench extra were not installed
+for module in pkgutil.walk_packages(ferry.__path__, "ferry."):
+    if not module.name.startswith("ferry.bench") and module.name != "ferry.__main__":
+        importlib.import_module(module.name)
+import ferry.cli.main
+sys.exit(ferry.cli.main.main(["bench", *{argv!r}]))
+"""
+
+
+def test_everything_but_bench_imports_without_the_extra() -> None:
+    """In a fresh process, where nothing has imported the extra's modules already."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LEAN_PROCESS.format(blocked=BENCH_EXTRA_MODULES, argv=BENCH_COMMANDS["load"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        "ferry bench load: needs the 'bench' extra: pip install 'ferry-serve[bench]' "
+        "(missing module aiohttp)"
+    ]

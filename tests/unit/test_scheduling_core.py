@@ -1,0 +1,316 @@
+"""The scheduling core against fake workers: every failure of a worker, of its start, and
+of Ferry's own delivery answers every request, and the slot carries on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from ferry.errors import (
+    HandlerFailed,
+    ModelLoadFailed,
+    NoWorkerAvailable,
+    ResponseTimeout,
+    WorkerDied,
+)
+from ferry.metrics.definitions import FerryMetrics
+from ferry.scheduling.jobs import InferenceResponse
+from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES, Backoff, RecyclePolicy, SlotState
+from tests.fixtures.fake_worker import (
+    Behaviour,
+    FakeFactory,
+    exited_while_loading,
+    load_error,
+    make_job,
+    outcomes,
+    spec,
+)
+
+BOUND = 30.0
+"""Seconds any step may take before the test fails instead of hanging."""
+
+
+def settings(**overrides: Any) -> RunnerSettings:
+    values: dict[str, Any] = {
+        "batch_size": 4,
+        "max_batch_delay": 0.0,
+        "workers": 1,
+        "response_timeout": 5.0,
+        "startup_timeout": 5.0,
+        "queue_capacity": 100,
+        "torch_threads": 1,
+    }
+    return RunnerSettings(**{**values, **overrides})
+
+
+def runner_with(factory: FakeFactory, **overrides: Any) -> ModelRunner:
+    return ModelRunner(
+        "m",
+        "1.0",
+        spec(),
+        settings(**overrides),
+        factory,
+        FerryMetrics().for_model("m", "1.0"),
+        backoff=lambda: Backoff(first=0.0, cap=0.0),
+    )
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), BOUND))
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    """Yield to the event loop until ``condition`` holds (bounded by the test's BOUND)."""
+    while not condition():
+        await asyncio.sleep(0)
+
+
+def bodies(results: list[Any]) -> list[bytes]:
+    return [r.body for r in results if isinstance(r, InferenceResponse)]
+
+
+def test_echo_answers_every_request() -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.ECHO))
+        runner.start()
+        await runner.wait_started()
+        jobs = [make_job(f"{i}".encode()) for i in range(10)]
+        for job in jobs:
+            runner.submit(job)
+        assert bodies(await outcomes(jobs)) == [f"{i}".encode() for i in range(10)]
+        await runner.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failure", [Behaviour.GARBLE, Behaviour.WRONG_BATCH, Behaviour.EXIT])
+def test_a_broken_exchange_retries_on_a_fresh_worker(failure: Behaviour) -> None:
+    """A garbled frame (e.g. a worker of another Ferry version) or a death mid-batch: the
+    worker is killed, the slot restarts, and the requests are answered by the next one."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(failure, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        jobs = [make_job(b"a"), make_job(b"b")]
+        for job in jobs:
+            runner.submit(job)
+        assert bodies(await outcomes(jobs)) == [b"a", b"b"]
+        assert factory.started[0].killed
+        assert runner.slots[0].restarts == 1
+        await wait_until(lambda: runner.slots[0].state is SlotState.READY)
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_request_whose_worker_dies_twice_gets_worker_died() -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.EXIT))
+        runner.start()
+        job = make_job()
+        runner.submit(job)
+        (result,) = await outcomes([job])
+        assert isinstance(result, WorkerDied)
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_hung_worker_is_killed_and_its_requests_time_out() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.HANG, Behaviour.ECHO)
+        runner = runner_with(factory, response_timeout=0.01)
+        runner.start()
+        hung = make_job()
+        runner.submit(hung)
+        (result,) = await outcomes([hung])
+        assert isinstance(result, ResponseTimeout)
+        assert factory.started[0].killed
+        later = make_job(b"next")
+        runner.submit(later)
+        assert bodies(await outcomes([later])) == [b"next"]
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_worker_that_stops_reading_is_bounded_by_the_response_timeout() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STOP_READING, Behaviour.ECHO)
+        runner = runner_with(factory, response_timeout=0.01)
+        runner.start()
+        job = make_job()
+        runner.submit(job)
+        (result,) = await outcomes([job])
+        assert isinstance(result, ResponseTimeout)
+        assert factory.started[0].killed
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_an_error_in_delivery_answers_the_batch_and_the_slot_carries_on() -> None:
+    class ExplodingMetrics:
+        """Delivery records stage timings first; make that raise, as a bug would."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: None
+
+        def stages(self, stage_ms: dict[str, float]) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("bug in delivery")
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.dispatcher.metrics = ExplodingMetrics()  # type: ignore[assignment]
+        runner.start()
+        first = make_job(b"1")
+        runner.submit(first)
+        (result,) = await outcomes([first])
+        assert isinstance(result, InferenceResponse | WorkerDied | HandlerFailed)
+        second = make_job(b"2")
+        runner.submit(second)
+        assert bodies(await outcomes([second])) == [b"2"]
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_factory_that_raises_anything_does_not_kill_the_slot() -> None:
+    async def scenario() -> None:
+        calls = 0
+        inner = FakeFactory(Behaviour.ECHO)
+
+        async def flaky(worker_spec: Any, timeout: float) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("unexpected")
+            return await inner(worker_spec, timeout)
+
+        runner = ModelRunner(
+            "m", "1.0", spec(), settings(), flaky, backoff=lambda: Backoff(first=0.0, cap=0.0)
+        )
+        runner.start()
+        await wait_until(lambda: runner.ready_workers == 1)
+        job = make_job(b"ok")
+        runner.submit(job)
+        assert bodies(await outcomes([job])) == [b"ok"]
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_deterministic_load_failures_give_up_with_the_reason() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(load_error())
+        runner = runner_with(factory)
+        runner.start()
+        queued = make_job()
+        runner.submit(queued)
+        await wait_until(lambda: runner.slots[0].gave_up)
+        await asyncio.sleep(0)  # one more turn: a slot that gave up must not try again
+        assert factory.attempts == MAX_DETERMINISTIC_FAILURES
+        assert runner.slots[0].state is SlotState.FAILED
+        (result,) = await outcomes([queued])
+        assert isinstance(result, NoWorkerAvailable) and "No module named" in result.message
+        with pytest.raises(NoWorkerAvailable, match="last load error: ModuleNotFoundError"):
+            runner.submit(make_job())
+        assert "No module named" in runner.last_error()
+        assert not runner.is_ready()
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_worker_dying_while_loading_is_retried_beyond_the_give_up_limit() -> None:
+    async def scenario() -> None:
+        failures = [exited_while_loading()] * (MAX_DETERMINISTIC_FAILURES + 2)
+        factory = FakeFactory(*failures, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await wait_until(lambda: runner.ready_workers == 1)
+        assert factory.attempts == MAX_DETERMINISTIC_FAILURES + 3
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_synchronous_scale_up_fails_with_the_reason_and_is_undone() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO, load_error("SyntaxError: invalid syntax"))
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        with pytest.raises(ModelLoadFailed, match="SyntaxError"):
+            await runner.scale(2, 2, wait=True)
+        assert len(runner.slots) == 1 and runner.ready_workers == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_scaling_again_revives_a_slot_that_gave_up() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(*[load_error()] * MAX_DETERMINISTIC_FAILURES, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await wait_until(lambda: runner.slots[0].gave_up)
+        await runner.scale(1, 1, wait=True)
+        assert runner.ready_workers == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_recycling_after_n_requests_fails_no_request() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        runner = runner_with(factory, recycle=RecyclePolicy(max_requests=3), batch_size=1)
+        runner.start()
+        jobs = [make_job(f"{i}".encode()) for i in range(10)]
+        for job in jobs:
+            runner.submit(job)
+        assert bodies(await outcomes(jobs)) == [f"{i}".encode() for i in range(10)]
+        assert len(factory.started) >= 4
+        assert all(worker.killed for worker in factory.started[:-1])
+        assert runner.slots[0].recycles >= 3 and runner.slots[0].restarts == 0
+        assert all(len(w.batches) <= 3 for w in factory.started)
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_recycling_above_a_memory_limit() -> None:
+    policy = RecyclePolicy(max_rss_bytes=100 << 20)
+    check = policy.check_for(42, rss=lambda pid: 200 << 20)
+    assert check is not None and "200 MiB over 100 MiB" in (check(1) or "")
+    assert policy.check_for(42, rss=lambda pid: 50 << 20)(1) is None  # type: ignore[misc]
+    assert RecyclePolicy().check_for(42) is None
+
+
+def test_stop_answers_queued_and_held_requests() -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.HANG))
+        runner.start()
+        await runner.wait_started()
+        jobs = [make_job() for _ in range(6)]
+        for job in jobs:
+            runner.submit(job)
+        await wait_until(lambda: len(runner.queue) < 6)
+        await runner.stop()
+        results = await outcomes(jobs)
+        assert all(isinstance(r, NoWorkerAvailable) for r in results)
+
+    run(scenario)

@@ -1,0 +1,176 @@
+"""The transport-neutral service over fake workers: health, readiness, predictions,
+registration and scaling speak the service's own types and domain errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry.config.settings import ServerSettings
+from ferry.errors import ModelLoadFailed, ModelNotFound, NoWorkerAvailable
+from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
+from ferry.service import FerryService
+from ferry.service_types import Health, InputPart, ModelRef, Prediction, RegisterRequest
+from ferry.store.archive import open_model
+from ferry.worker.spec import WorkerSpec
+from tests.fixtures.fake_worker import Behaviour, FakeWorker, load_error
+from tests.fixtures.models import digest_archive
+
+BOUND = 30.0
+
+
+class ByModel:
+    """Starts an echoing fake worker, or fails to load models whose name is in ``broken``
+    (and workers whose handler is ``invalidHandler``)."""
+
+    def __init__(self, *broken: str) -> None:
+        self.broken = set(broken)
+
+    async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
+        if spec.model_name in self.broken or spec.handler == "invalidHandler":
+            raise load_error(f"RuntimeError: {spec.model_name} cannot load")
+        return FakeWorker(Behaviour.ECHO)
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), BOUND))
+
+
+async def settle(service: FerryService, name: str) -> None:
+    """Until every slot of ``name`` either serves or gave up."""
+    runner = service._runner(name)
+    while not all(slot.state.serving or slot.gave_up for slot in runner.slots):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    store.mkdir()
+    digest_archive(store, "good")
+    digest_archive(store, "bad")
+    return store
+
+
+def service_for(store: Path, *broken: str, **settings: object) -> FerryService:
+    values: dict[str, object] = {"model_store": store, "enable_model_api": True, **settings}
+    return FerryService(ServerSettings(**values), start_worker=ByModel(*broken))  # type: ignore[arg-type]
+
+
+def test_health_is_torchserves_rule_over_start_up_models(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store, "bad", models=("good=good.mar", "bad=bad.mar"))
+        await service.load_startup_models()
+        await settle(service, "bad")
+        assert service.health() == Health("Partial Healthy") and service.health().ok
+        assert service.readiness("good").ready
+        bad = service.readiness("bad")
+        assert not bad.ready and "bad cannot load" in bad.reason
+        (status,) = service.describe("bad", None)
+        assert not status.ready and "bad cannot load" in status.last_error
+        assert status.workers[0].status == "FAILED"
+        assert status.workers[0].restarts == MAX_DETERMINISTIC_FAILURES
+        await service.close()
+
+    run(scenario)
+
+
+def test_health_is_unhealthy_when_no_start_up_worker_runs(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store, "good", models=("good=good.mar",))
+        await service.load_startup_models()
+        await settle(service, "good")
+        assert service.health() == Health("Unhealthy") and not service.health().ok
+        await service.close()
+
+    run(scenario)
+
+
+def test_predict_speaks_the_services_own_types(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar",))
+        await service.load_startup_models()
+        assert service.resolve("good") == ModelRef("good", "1.0")
+        with pytest.raises(ModelNotFound):
+            service.resolve("missing")
+        answer = await service.predict("good", None, [InputPart("body", "text/plain", b"hi")], {})
+        assert isinstance(answer, Prediction) and answer.body == b"hi"
+        await service.close()
+
+    run(scenario)
+
+
+def test_a_model_that_gave_up_answers_503_with_its_load_error(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store, "bad", models=("bad=bad.mar",))
+        await service.load_startup_models()
+        await settle(service, "bad")
+        with pytest.raises(NoWorkerAvailable, match="last load error: RuntimeError: bad cannot"):
+            await service.predict("bad", None, [InputPart("body", "text/plain", b"x")], {})
+        await service.close()
+
+    run(scenario)
+
+
+def test_registration_and_synchronous_scale_failure(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store)
+        request = RegisterRequest(
+            url="good.mar",
+            model_name="invalid",
+            handler="invalidHandler",
+            initial_workers=0,
+            synchronous=True,
+        )
+        registered = await service.register(request)
+        assert registered.model == ModelRef("invalid", "1.0") and registered.workers == 0
+        with pytest.raises(ModelLoadFailed, match="invalid cannot load"):
+            await service.scale("invalid", None, 1, 1, synchronous=True)
+        assert service.describe("invalid", None)[0].min_workers == 0
+        scaled = await service.scale("invalid", None, 0, 0, synchronous=True)
+        assert scaled.workers == 0
+        await service.close()
+
+    run(scenario)
+
+
+def test_registration_whose_workers_cannot_load_is_rolled_back(store: Path) -> None:
+    async def scenario() -> None:
+        service = service_for(store, "bad")
+        request = RegisterRequest(url="bad.mar", initial_workers=1, synchronous=True)
+        with pytest.raises(ModelLoadFailed, match="bad cannot load"):
+            await service.register(request)
+        with pytest.raises(ModelNotFound):
+            service.resolve("bad")
+        await service.close()
+
+    run(scenario)
+
+
+def test_archives_are_opened_off_the_event_loop(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unpacking a large archive must not stall inference: it runs in a thread."""
+    threads: list[threading.Thread] = []
+    real_open = open_model
+
+    def recording_open(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread())
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr("ferry.service.open_model", recording_open)
+
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar",))
+        await service.load_startup_models()
+        await service.register(RegisterRequest(url="bad.mar", initial_workers=0))
+        assert len(threads) == 2
+        assert all(thread is not threading.main_thread() for thread in threads)
+        await service.close()
+
+    run(scenario)
