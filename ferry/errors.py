@@ -8,6 +8,7 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ResponseTooLarge       a handler's answer over max_response_size
     ├── InvalidInput           the request cannot be decoded (bad image, bad JSON)
     ├── Overloaded             the model's queue is full
+    ├── ClientGone             the client hung up before its request reached a worker
     ├── NoWorkerAvailable      the model has no worker that could take the request
     ├── WorkerDied             the worker holding the request crashed (after one retry)
     ├── ResponseTimeout        the worker did not answer within responseTimeout
@@ -51,6 +52,10 @@ class InvalidInput(FerryError):
 
 
 class Overloaded(FerryError):
+    pass
+
+
+class ClientGone(FerryError):
     pass
 
 

@@ -10,14 +10,21 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from ferry.config.image_limits import ImageLimits
 from ferry.config.model_config import apply_overrides
-from ferry.config.settings import ServerSettings, available_cores, default_workers_per_model
+from ferry.config.settings import (
+    ServerSettings,
+    available_cores,
+    default_max_workers_total,
+    default_workers_per_model,
+)
 from ferry.config.settings import threads_per_worker as split_threads
 from ferry.errors import (
+    ClientGone,
     ConfigError,
     FerryError,
     InvalidRequest,
@@ -44,12 +51,21 @@ from ferry.service_types import (
 )
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
-from ferry.store.remote import fetch_archive, is_remote
+from ferry.store.remote import (
+    fetch_archive,
+    is_remote,
+    removed_if_fails,
+    removed_on_failure,
+)
+from ferry.store.workdir import open_work_dir
 from ferry.worker import messages
 from ferry.worker.handle import WorkerFactory
 from ferry.worker.spec import WorkerSpec
 
 log = logging.getLogger("ferry.service")
+
+OnHangUp = Callable[[Callable[[], None]], None]
+"""Registers a callback the transport calls if the client goes away before its answer."""
 
 
 def _visible_gpus() -> int:
@@ -67,7 +83,7 @@ class FerryService:
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._background: set[asyncio.Task[None]] = set()
-        self._work_dir = tempfile.TemporaryDirectory(prefix="ferry-models-")
+        self._work_dir = open_work_dir()  # also removes those of servers that were killed
         visible = _visible_gpus()
         limit = settings.number_of_gpu
         self._gpus = visible if limit is None else min(visible, limit)
@@ -84,9 +100,24 @@ class FerryService:
         entry = self.registry.get(model, version)
         return ModelRef(entry.archive.name, entry.archive.version)
 
+    def admit(self, model: str, version: str | None = None) -> ModelRef:
+        """``resolve``, then refuse at once (``Overloaded``, ``NoWorkerAvailable``) a request
+        the model cannot take now — before a transport reads its body."""
+        entry = self.registry.get(model, version)
+        entry.runner.check_admission()
+        return ModelRef(entry.archive.name, entry.archive.version)
+
     async def predict(
-        self, model: str, version: str | None, parts: list[InputPart], headers: dict[str, str]
+        self,
+        model: str,
+        version: str | None,
+        parts: list[InputPart],
+        headers: dict[str, str],
+        on_hang_up: OnHangUp | None = None,
     ) -> Prediction:
+        """Queue a request and await its answer. ``on_hang_up`` lets the transport say when
+        the client goes away: the request is then answered with ``ClientGone`` and dropped
+        before it reaches a worker."""
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
@@ -94,6 +125,8 @@ class FerryService:
             messages.RequestItem(next_request_id(), headers, wire_parts), loop.create_future()
         )
         runner.submit(job)
+        if on_hang_up is not None:
+            on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
         try:
             answer = await job.future
         finally:
@@ -176,8 +209,27 @@ class FerryService:
     def _start(
         self, archive: ModelArchive, *, at_startup: bool, startup_timeout: float | None = None
     ) -> ModelVersion:
-        """Register the version and start its workers (without waiting for them)."""
+        """Register the version and start its workers (without waiting for them).
+
+        Raises ``ConfigError`` if they would take the server past ``max_workers_total``; a
+        version refused here leaves nothing unpacked.
+        """
+        try:
+            entry = self._new_version(archive, at_startup, startup_timeout)
+            self.registry.add(entry)
+        except FerryError:
+            archive.free()
+            raise
+        entry.runner.start()
+        return entry
+
+    def _new_version(
+        self, archive: ModelArchive, at_startup: bool, startup_timeout: float | None
+    ) -> ModelVersion:
         runner_settings = self._runner_settings(archive, startup_timeout)
+        refusal = self._over_worker_limit(archive, runner_settings.workers)
+        if refusal is not None:
+            raise ConfigError(refusal)
         spec = WorkerSpec(
             model_name=archive.name,
             model_dir=str(archive.model_dir),
@@ -188,15 +240,26 @@ class FerryService:
             model_yaml_config=archive.config.raw,
             torch_threads=runner_settings.torch_threads,
             worker_id="w0",
+            image_limits=ImageLimits(
+                self.settings.limit_max_image_pixels, self.settings.allowed_image_formats
+            ),
         )
         metrics = self.metrics.for_model(archive.name, archive.version)
         runner = ModelRunner(
             archive.name, archive.version, spec, runner_settings, self._start_worker, metrics
         )
-        entry = ModelVersion(archive, runner, at_startup)
-        self.registry.add(entry)
-        entry.runner.start()
-        return entry
+        return ModelVersion(archive, runner, at_startup)
+
+    def _over_worker_limit(
+        self, archive: ModelArchive, workers: int, replacing: ModelVersion | None = None
+    ) -> str | None:
+        """Why ``workers`` for ``archive`` (instead of ``replacing``'s) would be too many."""
+        counts = {f"{archive.name} v{archive.version}": workers}
+        for entry in self.registry.all_versions():
+            if entry is not replacing:
+                counts[f"{entry.archive.name} v{entry.archive.version}"] = len(entry.runner.slots)
+        limit = self.settings.max_workers_total or default_max_workers_total(available_cores())
+        return over_worker_limit(counts, limit)
 
     async def load_startup_models(self) -> None:
         store, entries = self.settings.model_store, self.settings.models
@@ -245,7 +308,13 @@ class FerryService:
         return resolved
 
     def _open_startup_model(self, store: Path, name: str | None, relative: str) -> ModelArchive:
-        archive = open_model(store, relative, Path(self._work_dir.name), name)
+        archive = open_model(
+            store,
+            relative,
+            Path(self._work_dir.name),
+            name,
+            max_unpacked_size=self.settings.max_unpacked_size,
+        )
         overrides = self.settings.model_overrides.get(archive.name, {}).get(archive.version)
         if overrides:
             source = f"models[{archive.name}][{archive.version}]"
@@ -266,44 +335,55 @@ class FerryService:
         store = self.settings.model_store
         if store is None:
             raise InvalidRequest("no --model-store is configured")
-        relative = request.url
-        if is_remote(request.url):
-            relative = await fetch_archive(request.url, store, self.settings.allowed_urls)
-        archive = await asyncio.to_thread(
-            open_model, store, relative, Path(self._work_dir.name), request.model_name
-        )
         if request.runtime is not None and request.runtime.lower() != "python":
             raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
-        if request.handler:
-            manifest = dataclasses.replace(archive.manifest, handler=request.handler)
-            archive = dataclasses.replace(archive, manifest=manifest)
-        config = archive.config.merged(
-            batch_size=request.batch_size,
-            max_batch_delay_ms=request.max_batch_delay_ms,
-            response_timeout=request.response_timeout,
-            min_workers=request.initial_workers,
-        )
-        if config.min_workers is None:
-            config = config.merged(min_workers=0)  # TorchServe's default for registration
+        relative, download = request.url, None
+        if is_remote(request.url):
+            relative = await fetch_archive(request.url, store, self.settings.allowed_urls)
+            download = store / relative
+        with removed_on_failure(download):  # not a zip, a bad manifest or model-config ...
+            archive = await asyncio.to_thread(
+                open_model,
+                store,
+                relative,
+                Path(self._work_dir.name),
+                request.model_name,
+                max_unpacked_size=self.settings.max_unpacked_size,
+            )
+            if request.handler:
+                manifest = dataclasses.replace(archive.manifest, handler=request.handler)
+                archive = dataclasses.replace(archive, manifest=manifest)
+            config = archive.config.merged(
+                batch_size=request.batch_size,
+                max_batch_delay_ms=request.max_batch_delay_ms,
+                response_timeout=request.response_timeout,
+                min_workers=request.initial_workers,
+            )
+            if config.min_workers is None:
+                config = config.merged(min_workers=0)  # TorchServe's default for registration
         return dataclasses.replace(archive, config=config)
 
     async def register(self, request: RegisterRequest) -> Registration:
         """Register a model version; says whether its workers are up already.
 
         A registration whose workers all fail to load is rolled back (a synchronous one
-        raises ``ModelLoadFailed`` with the reason).
+        raises ``ModelLoadFailed`` with the reason). An archive downloaded for a
+        registration that fails is deleted again, so that retrying it works.
         """
         self._require_model_api()
         archive = await self._open_for_registration(request)
-        entry = self._start(archive, at_startup=False, startup_timeout=request.startup_timeout)
-        ref = ModelRef(archive.name, archive.version)
-        workers = len(entry.runner.slots)
-        if not request.synchronous and workers:
-            task = asyncio.create_task(self._unless_loaded(entry))
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
-            return Registration(ref, workers, ready=False)
-        await self._unless_loaded(entry)
+        store = self.settings.model_store
+        download = store / archive.source if store is not None and is_remote(request.url) else None
+        with removed_on_failure(download):  # the version exists already, or cannot load
+            entry = self._start(archive, at_startup=False, startup_timeout=request.startup_timeout)
+            ref = ModelRef(archive.name, archive.version)
+            workers = len(entry.runner.slots)
+            if not request.synchronous and workers:
+                task = asyncio.create_task(removed_if_fails(download, self._unless_loaded(entry)))
+                self._background.add(task)
+                task.add_done_callback(self._background_done)
+                return Registration(ref, workers, ready=False)
+            await self._unless_loaded(entry)
         return Registration(ref, workers, ready=True)
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
@@ -323,6 +403,7 @@ class FerryService:
             if self.registry.get(archive.name, archive.version) is entry:
                 self.registry.remove(archive.name, archive.version)
         await runner.stop()
+        await asyncio.to_thread(archive.free)  # its workers are gone
         self.metrics.forget_model(archive.name, archive.version)
         raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
 
@@ -330,6 +411,7 @@ class FerryService:
         self._require_model_api()
         entry = self.registry.remove(name, version)
         await entry.runner.stop()
+        await asyncio.to_thread(entry.archive.free)  # its workers are gone
         self.metrics.forget_model(entry.archive.name, entry.archive.version)
         return ModelRef(entry.archive.name, entry.archive.version)
 
@@ -341,6 +423,10 @@ class FerryService:
         if min_worker < 0 or max_worker < min_worker:
             raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
         entry = self.registry.get(name, version)
+        if min_worker > len(entry.runner.slots):
+            refusal = self._over_worker_limit(entry.archive, min_worker, replacing=entry)
+            if refusal is not None:
+                raise InvalidRequest(refusal)
         await entry.runner.scale(min_worker, max_worker, wait=synchronous)
         ref = ModelRef(entry.archive.name, entry.archive.version)
         return Registration(ref, len(entry.runner.slots), ready=synchronous)
@@ -392,8 +478,24 @@ class FerryService:
     async def close(self) -> None:
         for task in self._background:
             task.cancel()
-        await asyncio.gather(*(entry.runner.stop() for entry in self.registry.all_versions()))
+        entries = self.registry.all_versions()
+        await asyncio.gather(*(entry.runner.stop() for entry in entries))
+        for entry in entries:
+            entry.archive.free()
         self._work_dir.cleanup()
+
+
+def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
+    """Why running ``workers`` (per model version) would exceed ``limit`` in all, or None.
+
+    >>> over_worker_limit({"a v1": 3, "b v1": 6}, 8)
+    '9 workers in all (a v1: 3, b v1: 6) exceed the limit of 8 (max_workers_total)'
+    """
+    total = sum(workers.values())
+    if total <= limit:
+        return None
+    counts = ", ".join(f"{name}: {count}" for name, count in workers.items() if count)
+    return f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
 
 
 def _local_worker_factory() -> WorkerFactory:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ferry.config.image_limits import DEFAULT_IMAGE_FORMATS, DEFAULT_MAX_IMAGE_PIXELS
 from ferry.errors import ConfigError
 
 
@@ -77,12 +78,34 @@ class ServerSettings:
     """Largest request body accepted, in bytes (413 beyond)."""
     max_response_size: int = 6_553_500
     """Largest response body a handler may return, in bytes (500 beyond)."""
+    max_header_size: int = 65_536
+    """Largest request head (request line and header fields), and separately the largest
+    chunked trailer, in bytes (431 beyond)."""
+    max_headers: int = 100
+    """Most header fields in one request (431 beyond)."""
+    header_timeout: float = 20.0
+    """Seconds a request head may take from its first byte (or the connection's start)
+    to its end (408 beyond; a connection that sent nothing is closed)."""
+    body_read_timeout: float = 60.0
+    """Seconds a pending request body may go without a byte arriving (408 beyond)."""
     default_response_timeout: float = 120.0
     """Seconds a worker may take for one batch before it is killed and replaced."""
     number_of_gpu: int | None = None
     """Use at most this many GPUs (all visible ones when unset)."""
     default_batch_size: int = 1
     default_max_batch_delay_ms: float = 100.0
+
+    max_workers_total: int = 0
+    """Worker processes of all models together; more is refused at start-up (exit 2),
+    registration and scaling (400). 0 derives it: ``default_max_workers_total``."""
+    max_unpacked_size: int = 4 << 30
+    """Largest size, in bytes, an archive may unpack to; a larger one is refused."""
+    limit_max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+    """Largest width * height the built-in vision handlers decode, judged from the image
+    header (400 beyond). TorchServe's ``true`` is the default; ``false`` (None) turns
+    Ferry's check off, leaving PIL's own decompression-bomb limit."""
+    allowed_image_formats: tuple[str, ...] = DEFAULT_IMAGE_FORMATS
+    """Image formats (PIL's names) the built-in vision handlers decode; others get 400."""
 
     enable_metrics_api: bool = True
     """Collect metrics and serve them on ``metrics_address``."""
@@ -123,6 +146,11 @@ def available_cores() -> int:
 def default_workers_per_model(cores: int, gpus: int) -> int:
     """One worker per GPU; on CPU one worker, since torch already uses every core."""
     return gpus if gpus > 0 else 1
+
+
+def default_max_workers_total(cores: int) -> int:
+    """Twice the cores, at least 8: room for a few models, not for thousands of workers."""
+    return max(8, 2 * cores)
 
 
 def threads_per_worker(cores: int, workers: int) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ferry.config.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError
 
@@ -99,6 +100,18 @@ def _choice(*choices: str) -> Parser:
     return parse
 
 
+def _pixel_limit(key: str, text: str) -> int | None:
+    """A number of pixels; TorchServe's ``true`` (the default limit) or ``false`` (none)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return DEFAULT_MAX_IMAGE_PIXELS if lowered == "true" else None
+    return int(_integer(1)(key, text))
+
+
+def _image_formats(key: str, text: str) -> tuple[str, ...]:
+    return tuple(name.upper() for name in _list(key, text))
+
+
 def _models_json(key: str, text: str) -> dict[str, dict[str, dict[str, Any]]]:
     """TorchServe's ``models={"name": {"1.0": {"minWorkers": 1, ...}}}``."""
     try:
@@ -142,6 +155,10 @@ OPTIONS = (
     Option("job_queue_size", "job_queue_size", _integer(1)),
     Option("max_request_size", "max_request_size", _integer(1)),
     Option("max_response_size", "max_response_size", _integer(1)),
+    Option("max_header_size", "max_header_size", _integer(1024)),
+    Option("max_headers", "max_headers", _integer(1)),
+    Option("header_timeout", "header_timeout", _seconds),
+    Option("body_read_timeout", "body_read_timeout", _seconds),
     Option("default_response_timeout", "default_response_timeout", _seconds),
     Option("default_batch_size", "default_batch_size", _integer(1)),
     Option("default_max_batch_delay", "default_max_batch_delay_ms", _milliseconds),
@@ -164,6 +181,10 @@ OPTIONS = (
     Option("access_log", "access_log", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("ready_file", "ready_file", _path),
+    Option("max_workers_total", "max_workers_total", _integer(0)),
+    Option("max_unpacked_size", "max_unpacked_size", _integer(1)),
+    Option("limit_max_image_pixels", "limit_max_image_pixels", _pixel_limit),
+    Option("allowed_image_formats", "allowed_image_formats", _image_formats),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 
@@ -192,7 +213,6 @@ IGNORED_TORCHSERVE_KEYS = frozenset(
         "enable_grpc_ssl",
         "use_native_io",
         "io_ratio",
-        "limit_max_image_pixels",
         "model_snapshot",
         "tsConfigFile",
         "initial_worker_port",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ferry import __version__
+from ferry.config.image_limits import ImageLimits
 from ferry.handlers.metrics import HandlerMetrics
 
 
@@ -57,6 +58,7 @@ class Context:
         limit_max_image_pixels: bool = True,
         metrics: HandlerMetrics | None = None,
         model_yaml_config: dict[str, Any] | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self.model_name = model_name
         self.manifest = manifest
@@ -74,6 +76,8 @@ class Context:
         self.request_processor: list[RequestProcessor] = []
         self.metrics = metrics if metrics is not None else HandlerMetrics()
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
+        self.image_limits = image_limits or ImageLimits()
+        """The server's image settings, which the built-in vision handlers enforce."""
 
     @property
     def system_properties(self) -> dict[str, Any]:

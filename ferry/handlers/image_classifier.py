@@ -42,7 +42,9 @@ class VisionHandler(BaseHandler):
     def initialize(self, context: Context) -> None:
         super().initialize(context)
         section = handler_section(context.model_yaml_config, self.config_section)
-        self.transform = ImageTransform(section.resize, section.crop, section.mean, section.std)
+        self.transform = ImageTransform(
+            section.resize, section.crop, section.mean, section.std, context.image_limits
+        )
         if section.gpu_decode:
             self.jpeg_decoder = load_gpu_jpeg_decoder(self._device())
 
@@ -94,7 +96,9 @@ class VisionHandler(BaseHandler):
         encoded: dict[int, bytes] = {}
         for index, row in enumerate(data):
             try:
-                encoded[index] = image_bytes(row)
+                raw = image_bytes(row)
+                self.transform.check(raw)  # the GPU decoder knows no limits
+                encoded[index] = raw
             except InvalidInput as exc:
                 failures[index] = exc
         result: torch.Tensor | None = self.device_path.on_upload_stream(

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from ferry.config.image_limits import ImageLimits
 from ferry.config.sections import IMAGENET_MEAN, IMAGENET_STD
 from ferry.errors import InvalidInput
 
@@ -38,28 +40,55 @@ def image_bytes(row: dict[str, Any]) -> bytes:
     raise InvalidInput("expected an image in the request body or the form field 'data'")
 
 
+@contextlib.contextmanager
+def _as_invalid_input() -> Iterator[None]:
+    """PIL's errors for an image it cannot read, as the request's ``InvalidInput``."""
+    try:
+        yield
+    except UnidentifiedImageError as exc:
+        raise InvalidInput("cannot decode image: not a recognised image format") from exc
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidInput(f"cannot decode image: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class ImageTransform:
-    """Resize the shorter side, center-crop, scale to [0, 1], normalise (torchvision's recipe)."""
+    """Resize the shorter side, center-crop, scale to [0, 1], normalise (torchvision's recipe).
+
+    Images whose format or size ``limits`` refuse fail with ``InvalidInput`` before any
+    pixel is decoded.
+    """
 
     resize: int = 256
     crop: int = 224
     mean: Sequence[float] = IMAGENET_MEAN
     std: Sequence[float] = IMAGENET_STD
+    limits: ImageLimits = field(default_factory=ImageLimits)
+
+    def _open(self, encoded: bytes) -> Image.Image:
+        """The image with only its header read, if ``limits`` allow decoding it."""
+        image = Image.open(io.BytesIO(encoded))
+        width, height = image.size
+        refusal = self.limits.refusal(width, height, image.format)
+        if refusal is not None:
+            raise InvalidInput(refusal)
+        return image
+
+    def check(self, encoded: bytes) -> None:
+        """Raise ``InvalidInput`` unless ``limits`` allow the image (for a decoder other
+        than PIL, such as the GPU's; ``decode`` checks by itself)."""
+        with _as_invalid_input():
+            self._open(encoded)
 
     def decode(self, encoded: bytes) -> Image.Image:
         """Decode to RGB at the resolution the transform needs (JPEG draft mode skips the rest)."""
-        try:
-            image = Image.open(io.BytesIO(encoded))
+        with _as_invalid_input():
+            image = self._open(encoded)
             width, height = image.size
             scale = self.resize / min(width, height)
             if image.format == "JPEG" and scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
             return image.convert("RGB")
-        except UnidentifiedImageError as exc:
-            raise InvalidInput("cannot decode image: not a recognised image format") from exc
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise InvalidInput(f"cannot decode image: {exc}") from exc
 
     def to_uint8(self, image: Image.Image) -> torch.Tensor:
         """Resize and crop one image; returns a CHW uint8 tensor."""

@@ -7,11 +7,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ferry.errors import (
     ArchiveError,
+    ClientGone,
     ConfigError,
     FerryError,
     HandlerFailed,
@@ -37,6 +38,7 @@ ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
     InvalidInput: (400, "BadRequestException"),
     Overloaded: (503, "ServiceUnavailableException"),
     NoWorkerAvailable: (503, "ServiceUnavailableException"),
+    ClientGone: (499, "ClientClosedRequestException"),  # nginx's code; nobody reads it
     WorkerDied: (500, "InternalServerException"),
     ResponseTimeout: (504, "ResponseTimeoutException"),
     HandlerFailed: (500, "InternalServerException"),
@@ -109,11 +111,25 @@ def exception_handlers(
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         record(405)
-        return error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
+        response = error_body(405, "MethodNotAllowedException", "Requested method is not allowed")
+        response.headers.update(getattr(exc, "headers", None) or {})  # the route's Allow
+        return response
+
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client left mid-body, or the listener answered 408 for a body that did not
+        # come (ferry.http.protocol): as for ClientGone, no one reads this, and no bug.
+        log.debug("client disconnected during %s %s", request.method, request.url.path)
+        record(499)
+        return error_body(499, "ClientClosedRequestException", "the client closed the connection")
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s", request.url.path, exc_info=exc)
         record(500)
         return error_body(500, "InternalServerException", f"{type(exc).__name__}: {exc}")
 
-    return {404: not_found, 405: method_not_allowed, 500: internal_error}
+    return {
+        404: not_found,
+        405: method_not_allowed,
+        ClientDisconnect: client_gone,
+        500: internal_error,
+    }

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from ferry.errors import FerryError
 from ferry.http.errors import error_response, exception_handlers
+from ferry.http.hang_up import on_hang_up
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.service import FerryService
@@ -79,10 +80,13 @@ def inference_app(service: FerryService) -> Starlette:
         version = request.path_params.get("version")
         answer: Prediction | None = None
         try:
-            version = service.resolve(model, version).version  # 404 before reading the body
+            # 404 and 503 before reading the body: refusing a flood must stay cheap.
+            version = service.admit(model, version).version
             parts = await read_parts(request, limit)
             headers = {k.lower(): v for k, v in request.headers.items()}
-            answer = await service.predict(model, version, parts, headers)
+            answer = await service.predict(
+                model, version, parts, headers, on_hang_up(request.scope)
+            )
             response = Response(
                 answer.body,
                 status_code=answer.status,

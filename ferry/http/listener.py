@@ -22,6 +22,7 @@ from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
 from ferry.http.metrics import metrics_app
+from ferry.http.protocol import HttpLimits, LimitedConfig
 from ferry.security import ApiKeys
 from ferry.service import FerryService
 
@@ -61,12 +62,18 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
             "ssl_certfile": str(settings.certificate_file),
             "ssl_keyfile": str(settings.private_key_file),
         }
-    config = uvicorn.Config(
+    limits = HttpLimits(
+        max_header_size=settings.max_header_size,
+        max_headers=settings.max_headers,
+        header_timeout=settings.header_timeout,
+        body_read_timeout=settings.body_read_timeout,
+    )
+    config = LimitedConfig(  # httptools, within the limits above (ferry.http.protocol)
         app,
+        limits=limits,
         log_level="warning",
         access_log=False,
         lifespan="off",
-        http="httptools",
         timeout_keep_alive=75,
         timeout_graceful_shutdown=int(DRAIN_SECONDS),
         **tls,

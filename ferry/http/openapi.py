@@ -42,6 +42,13 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): _json(_ERROR, meaning[code]) for code in codes}
 
 
+def _inference_errors(*codes: int) -> dict[str, Any]:
+    """``_errors`` plus the 401 the inference API answers where token authorization
+    applies to it: when it listens beyond loopback (``/ping`` stays open)."""
+    unauthorized = _json(_ERROR, "Missing or wrong API key (inference beyond loopback only)")
+    return dict(sorted({**_errors(*codes), "401": unauthorized}.items()))
+
+
 def _param(
     name: str, where: str, schema: dict[str, Any], description: str, required: bool = False
 ) -> dict[str, Any]:
@@ -71,7 +78,7 @@ def inference_description() -> dict[str, Any]:
         },
         "responses": {
             "200": {"description": "The handler's output (JSON, text or bytes)"},
-            **_errors(400, 404, 413, 500, 503, 504),
+            **_inference_errors(400, 404, 413, 500, 503, 504),
         },
     }
     return {
@@ -96,7 +103,7 @@ def inference_description() -> dict[str, Any]:
             "/api-description": {
                 "get": {
                     "summary": "This description",
-                    "responses": {"200": {"description": "OpenAPI"}},
+                    "responses": {"200": {"description": "OpenAPI"}, **_inference_errors()},
                 }
             },
         },
@@ -192,7 +199,7 @@ def management_description() -> dict[str, Any]:
             "/api-description": {
                 "get": {
                     "summary": "This description",
-                    "responses": {"200": {"description": "OpenAPI"}},
+                    "responses": {"200": {"description": "OpenAPI"}, **_errors(401)},
                 }
             },
         },

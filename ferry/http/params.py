@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from starlette.requests import Request
 
 from ferry.errors import InvalidRequest
+from ferry.http.request_body import read_limited
 
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
@@ -20,10 +22,10 @@ class Params:
 
     @classmethod
     async def read(cls, request: Request, max_body: int) -> Params:
+        """The query string and JSON body's parameters; a body over ``max_body`` bytes
+        is ``RequestTooLarge`` (413), found without reading more than that."""
         values: dict[str, Any] = dict(request.query_params)
-        body = await request.body()
-        if len(body) > max_body:
-            raise InvalidRequest("request body too large")
+        body = await read_limited(request, max_body, "the management API's body limit")
         if body.strip():
             try:
                 document = json.loads(body)
@@ -62,8 +64,10 @@ class Params:
             number = float(value)
         except (TypeError, ValueError):
             raise InvalidRequest(f"Parameter {name} must be a number, got {value!r}") from None
-        if number < minimum:
-            raise InvalidRequest(f"Parameter {name} must be >= {minimum:g}, got {number:g}")
+        if not math.isfinite(number) or number < minimum:
+            raise InvalidRequest(
+                f"Parameter {name} must be a finite number >= {minimum:g}, got {value!r}"
+            )
         return number
 
     def flag(self, name: str, default: bool) -> bool:

@@ -11,15 +11,17 @@ from ferry.service_types import InputPart
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
+async def read_limited(request: Request, limit: int, limit_name: str = "max_request_size") -> bytes:
+    """The whole body, streamed: ``RequestTooLarge`` as soon as it passes ``limit`` bytes,
+    or before reading any of it when its Content-Length says it will."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"request body of {declared} bytes exceeds max_request_size {limit}")
+        raise RequestTooLarge(f"request body of {declared} bytes exceeds {limit_name} {limit}")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise RequestTooLarge(f"request body exceeds max_request_size {limit}")
+            raise RequestTooLarge(f"request body exceeds {limit_name} {limit}")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -6,14 +6,14 @@ work; Ferry's own are prefixed ``ferry_``.
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import resource
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ferry.metrics.gpu import GpuReading
-from ferry.metrics.prometheus import Child, Family, render
+from ferry.metrics.prometheus import Child, Family, label_name, metric_name, render
 from ferry.procinfo import cpu_seconds, resident_bytes
 
 LATENCY_BUCKETS = (
@@ -37,6 +37,19 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODEL = ("model_name", "model_version")
+
+log = logging.getLogger("ferry.metrics")
+
+
+def _handler_labels(dimensions: Sequence[str]) -> tuple[str, ...]:
+    """Ferry's labels, then each dimension as a valid label name that repeats none."""
+    labels = [*MODEL, "unit"]
+    for dimension in dimensions:
+        label = label_name(dimension)
+        while label in labels:
+            label = f"dim_{label}"
+        labels.append(label)
+    return tuple(labels)
 
 
 class FerryMetrics:
@@ -92,6 +105,12 @@ class FerryMetrics:
             "counter",
             MODEL,
         )
+        self.requests_abandoned = Family(
+            "ferry_requests_abandoned_total",
+            "Requests dropped before reaching a worker because their client hung up.",
+            "counter",
+            MODEL,
+        )
         self.worker_recycles = Family(
             "ferry_worker_recycles_total",
             "Workers replaced on reaching their request or memory limit (recycle settings).",
@@ -123,8 +142,9 @@ class FerryMetrics:
             "ferry_gpu_utilization_percent", "GPU utilisation (NVML).", "gauge", ("gpu",)
         )
         self.handler_metrics: dict[str, Family] = {}
+        self._refused: set[str] = set()
 
-    def families(self) -> list[Family]:
+    def _own_families(self) -> list[Family]:
         return [
             self.requests_total,
             self.inference_latency,
@@ -137,13 +157,54 @@ class FerryMetrics:
             self.workers,
             self.worker_restarts,
             self.worker_recycles,
+            self.requests_abandoned,
             self.responses,
             self.process_cpu,
             self.process_memory,
             self.gpu_memory,
             self.gpu_utilization,
-            *self.handler_metrics.values(),
         ]
+
+    def families(self) -> list[Family]:
+        return [*self._own_families(), *self.handler_metrics.values()]
+
+    def handler_family(self, name: str, kind: str, dimensions: Sequence[str]) -> Family | None:
+        """The family for a handler's metric, its name and labels made valid. A name that
+        would collide with Ferry's own metrics gets ``handler_`` in front; a metric seen
+        before with other dimensions is refused (None), once with a warning."""
+        metric = metric_name(name)
+        if metric in self._reserved_names():
+            metric = f"handler_{metric}"
+        labels = _handler_labels(dimensions)
+        family = self.handler_metrics.get(metric)
+        if family is None:
+            family = Family(
+                metric,
+                f"Handler metric {name}.",
+                "counter" if kind == "counter" else "gauge",
+                labels,
+            )
+            self.handler_metrics[metric] = family
+        elif family.label_names != labels:
+            if metric not in self._refused:
+                self._refused.add(metric)
+                log.warning(
+                    "handler metric %s: dimensions %s differ from the first ones %s; "
+                    "values with these dimensions are dropped",
+                    name,
+                    list(dimensions),
+                    list(family.label_names[len(MODEL) + 1 :]),
+                )
+            return None
+        return family
+
+    def _reserved_names(self) -> set[str]:
+        names = set()
+        for family in self._own_families():
+            names.add(family.name)
+            if family.kind == "histogram":
+                names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        return names
 
     def for_model(self, name: str, version: str) -> ModelMetrics:
         return ModelMetrics(self, name, version)
@@ -184,9 +245,6 @@ class FerryMetrics:
         return render(self.families())
 
 
-_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
-
-
 class ModelMetrics:
     """The metrics of one model version, labelled once."""
 
@@ -203,6 +261,7 @@ class ModelMetrics:
         self._batch_size = metrics.batch_size.histogram(*self.labels)
         self._restarts = metrics.worker_restarts.counter(*self.labels)
         self._recycles = metrics.worker_recycles.counter(*self.labels)
+        self._abandoned = metrics.requests_abandoned.counter(*self.labels)
         self._handler_children: dict[tuple[object, ...], Child] = {}
 
     def request_done(self, seconds: float, queued_seconds: float) -> None:
@@ -231,6 +290,10 @@ class ModelMetrics:
         if self.enabled:
             self._recycles.inc()
 
+    def abandoned(self, count: int) -> None:
+        if self.enabled:
+            self._abandoned.inc(count)
+
     def handler_metric(
         self, name: str, value: float, unit: str, kind: str, dimensions: dict[str, str]
     ) -> None:
@@ -242,16 +305,9 @@ class ModelMetrics:
         key = (name, unit, dims, tuple(dimensions[d] for d in dims))
         child = self._handler_children.get(key)
         if child is None:
-            metric = _INVALID.sub("_", name)
-            family = self.metrics.handler_metrics.get(metric)
-            if family is None or family.label_names != (*MODEL, "unit", *dims):
-                family = Family(
-                    metric,
-                    f"Handler metric {name}.",
-                    "counter" if kind == "counter" else "gauge",
-                    (*MODEL, "unit", *dims),
-                )
-                self.metrics.handler_metrics[metric] = family
+            family = self.metrics.handler_family(name, kind, dims)
+            if family is None:
+                return
             child = family.labels(*self.labels, unit, *key[3])
             self._handler_children[key] = child
         if kind == "counter":

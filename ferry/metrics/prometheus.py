@@ -8,7 +8,27 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections.abc import Iterator, Sequence
+
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_:]")
+_NOT_IN_LABEL = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def metric_name(text: str) -> str:
+    """``text`` as a valid Prometheus metric name: invalid characters become ``_`` and a
+    leading digit gets a ``_`` in front (``1bad-name`` → ``_1bad_name``)."""
+    name = _NOT_IN_NAME.sub("_", text) or "_"
+    return f"_{name}" if name[0].isdigit() else name
+
+
+def label_name(text: str) -> str:
+    """``text`` as a valid label name: no ``:``, no leading digit, and not starting with
+    ``__`` (reserved for Prometheus itself)."""
+    name = _NOT_IN_LABEL.sub("_", text) or "_"
+    if name[0].isdigit():
+        name = f"_{name}"
+    return f"x{name}" if name.startswith("__") else name
 
 
 def _escape(value: str) -> str:

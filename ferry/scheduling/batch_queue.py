@@ -31,6 +31,10 @@ class BatchQueue(Generic[T]):
     def capacity(self) -> int:
         return self._assembler.capacity
 
+    @property
+    def batch_size(self) -> int:
+        return self._assembler.batch_size
+
     def _wake_all(self) -> None:
         for waiter in self._waiters:
             if not waiter.done():

@@ -5,6 +5,12 @@ answered, so no failure can leave a request waiting: when anything goes wrong in
 exchange — the worker dies, hangs past ``response_timeout``, sends a garbled frame, or
 delivery itself raises — every request the worker held is retried or answered, and
 ``serve`` returns for the pool to replace the worker.
+
+Isolating the culprit: a request that was alone in its batch when the worker failed is
+answered with the error at once — it is what killed (or hung) the worker, and retrying it
+would only take down another. When the batch held several requests, each becomes a
+*suspect* and is retried alone, ahead of the queue, so only the poison request fails and
+its batch-mates are answered.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import asyncio
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ferry.errors import (
     FerryError,
@@ -33,7 +40,10 @@ from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
 log = logging.getLogger("ferry.scheduling")
 
 MAX_ATTEMPTS = 2
-"""A request whose worker died is retried once; a second death answers it with an error."""
+"""Times a request may be worked on: a batch whose worker failed is retried request by
+request (see above); a request that fails its worker a second time is answered."""
+MAX_RETURNS = 3
+"""Times a request may go back to the queue from a worker that failed before starting it."""
 
 
 class ServeEnd(enum.Enum):
@@ -106,13 +116,31 @@ class InFlight:
         return jobs
 
 
-@dataclass(frozen=True)
+@dataclass
 class Exchange:
-    """A batch sent to a worker and the moment its answer is due."""
+    """A batch sent to a worker and the moment its answer is due (counted from when the
+    worker can start on it: when it was sent, or when the batch ahead of it came back)."""
 
     batch: PredictBatch
     jobs: list[Job]
     deadline: float
+
+
+@dataclass
+class Lane:
+    """What one worker holds: the batches sent to it, oldest (the one it works on) first,
+    and every request among them by id."""
+
+    pending: deque[Exchange] = field(default_factory=deque)
+    held: InFlight = field(default_factory=InFlight)
+
+    def started_and_waiting(self) -> tuple[list[Job], list[Job]]:
+        """The requests of the batch the worker was working on, and all others it held
+        (queued behind it in the worker, or being sent): those never started."""
+        head = self.pending[0].jobs if self.pending else []
+        jobs = self.held.pop_all()
+        started = [job for job in jobs if any(job is h for h in head)]
+        return started, [job for job in jobs if not any(job is h for h in head)]
 
 
 class Dispatcher:
@@ -132,6 +160,10 @@ class Dispatcher:
         self.response_timeout = response_timeout
         self._clock = clock
         self._batch_ids = 0
+        self._idle_workers = 0
+        """Workers waiting for a batch right now."""
+        self.suspects: BatchQueue[Job] = BatchQueue(1, 0.0, queue.capacity, clock)
+        """Requests of a batch whose worker failed, each to be retried alone."""
 
     async def serve(
         self,
@@ -142,35 +174,43 @@ class Dispatcher:
     ) -> ServeEnd:
         """Feed batches to ``worker`` until it must go; every request it took is answered
         or back in the queue when this returns (or raises ``CancelledError``)."""
-        held = InFlight()
+        lane = Lane()
         try:
-            return await self._feed(worker, retire, on_busy, held, recycle)
+            return await self._feed(worker, retire, on_busy, lane, recycle)
         except asyncio.CancelledError:
-            for job in held.pop_all():
+            for job in lane.held.pop_all():
                 job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
             raise
         except TimeoutError:
+            started, waiting = lane.started_and_waiting()
             log.error(
-                "%s worker pid %s exceeded responseTimeout %gs; killing it",
+                "%s worker pid %s exceeded responseTimeout %gs holding %d requests; killing it",
                 self.name,
                 worker.info.pid,
                 self.response_timeout,
+                len(started),
             )
             message = f"model {self.name} did not answer within {self.response_timeout:g}s"
-            for job in held.pop_all():
-                job.fail(ResponseTimeout(message))
+            error: FerryError = ResponseTimeout(message)
         except WorkerGone:
+            started, waiting = lane.started_and_waiting()
             log.error(
-                "%s worker pid %s died holding %d requests", self.name, worker.info.pid, len(held)
+                "%s worker pid %s died holding %d requests",
+                self.name,
+                worker.info.pid,
+                len(started),
             )
-            self._retry_or_fail(held.pop_all())
+            error = self._died()
         except Exception:
             # A garbled frame, a mismatched protocol version or a bug in delivery: the
             # worker's state is unknown, so it goes, and what it held is retried.
             log.exception(
                 "%s worker pid %s broke the exchange; replacing it", self.name, worker.info.pid
             )
-            self._retry_or_fail(held.pop_all())
+            started, waiting = lane.started_and_waiting()
+            error = self._died()
+        self._isolate_or_fail(started, error)
+        self._requeue_unstarted(waiting, error)
         return ServeEnd.FAILED
 
     async def _feed(
@@ -178,56 +218,115 @@ class Dispatcher:
         worker: WorkerHandle,
         retire: asyncio.Event,
         on_busy: Callable[[bool], None],
-        held: InFlight,
+        lane: Lane,
         recycle: RecycleCheck | None,
     ) -> ServeEnd:
         answered = 0
-        exchange: Exchange | None = None
+        recycling: str | None = None
+        pending = lane.pending
         while True:
-            if exchange is None:
+            if not pending:
                 on_busy(False)
                 jobs = await self._next_batch(worker, retire)
                 if jobs is None:
                     return ServeEnd.RETIRED if retire.is_set() else ServeEnd.EXITED
-                exchange = await self._send(worker, jobs, held)
+                jobs = self._still_wanted(jobs)
+                if not jobs:
+                    continue
+                pending.append(await self._send(worker, jobs, lane.held))
             on_busy(True)
-            result = await self._receive(worker, exchange)
-            answered += len(exchange.jobs)
-            reason = recycle(answered) if recycle is not None else None
-            # Start the worker on its next batch before answering this one: the worker
-            # never waits while the frontend writes responses.
-            ready = None if retire.is_set() or reason else self.queue.take_ready()
-            current, exchange = exchange, None
+            if len(pending) == 1 and not (retire.is_set() or recycling or self._idle_workers):
+                # Saturated (a full batch waits and no worker is idle): send it now, so the
+                # worker starts on it the moment it finishes, however busy our event loop.
+                ahead = self._take_full_batch()
+                if ahead:
+                    pending.append(await self._send(worker, ahead, lane.held))
+            result = await self._receive(worker, pending[0])
+            current = pending.popleft()
+            if pending:
+                pending[0].deadline = self._clock() + self.response_timeout
+            answered += len(current.jobs)
+            if recycle is not None and not recycling:
+                recycling = recycle(answered)
             try:
-                if ready:
-                    exchange = await self._send(worker, ready, held)
+                # Start the worker on its next batch before answering this one: the worker
+                # never waits while the frontend writes responses.
+                if not pending and not retire.is_set() and not recycling:
+                    ready = self._take_ready()
+                    if ready:
+                        pending.append(await self._send(worker, ready, lane.held))
             finally:
-                self._deliver(current.jobs, result, held)  # answered even if that send failed
-            if reason and exchange is None:
-                log.info("%s worker pid %s recycled: %s", self.name, worker.info.pid, reason)
+                self._deliver(current.jobs, result, lane.held)  # even if that send failed
+            if recycling and not pending:
+                log.info("%s worker pid %s recycled: %s", self.name, worker.info.pid, recycling)
                 return ServeEnd.RECYCLE
 
+    def _take_full_batch(self) -> list[Job] | None:
+        if self.suspects or len(self.queue) < self.queue.batch_size:
+            return None
+        return self._still_wanted(self.queue.take_ready() or [])
+
+    def _still_wanted(self, jobs: list[Job]) -> list[Job]:
+        """Drop requests answered while they waited (their client hung up): they never
+        reach a worker."""
+        wanted = [job for job in jobs if not job.future.done()]
+        if len(wanted) < len(jobs):
+            self.metrics.abandoned(len(jobs) - len(wanted))
+        return wanted
+
+    def _requeue_unstarted(self, jobs: list[Job], error: FerryError) -> None:
+        """Requests a failed worker held but had not started on go back to the queue's
+        front: nothing points at them, so the attempt does not count. ``MAX_RETURNS``
+        bounds how often (workers that never read anything must not bounce them forever)."""
+        waiting = [job for job in jobs if not job.future.done()]
+        for job in waiting:
+            job.attempts -= 1
+            job.returns += 1
+        retry = [job for job in waiting if job.returns <= MAX_RETURNS]
+        for job in waiting:
+            if job not in retry:
+                job.fail(error)
+        if retry:
+            self.queue.put_front(retry)
+
+    def _take_ready(self) -> list[Job] | None:
+        """A batch to send right now, suspects (one at a time) first."""
+        return self._still_wanted(self.suspects.take_ready() or self.queue.take_ready() or [])
+
     async def _next_batch(self, worker: WorkerHandle, retire: asyncio.Event) -> list[Job] | None:
-        """The next batch; None if the worker exited or its slot is retired first."""
-        take = asyncio.ensure_future(self.queue.take_batch())
+        """The next batch (a lone suspect first); None if the worker exited or its slot is
+        retired first."""
+        takes: dict[asyncio.Future[list[Job]], BatchQueue[Job]] = {
+            asyncio.ensure_future(self.suspects.take_batch()): self.suspects,
+            asyncio.ensure_future(self.queue.take_batch()): self.queue,
+        }
         retired = asyncio.ensure_future(retire.wait())
+        self._idle_workers += 1
         try:
-            await asyncio.wait({take, worker.exited, retired}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {*takes, worker.exited, retired}, return_when=asyncio.FIRST_COMPLETED
+            )
         except asyncio.CancelledError:
-            if take.done() and not take.cancelled():
-                self.queue.put_front(take.result())  # taken as we were cancelled: not lost
-            take.cancel()
+            self._give_back(takes, keep=None)  # taken as we were cancelled: not lost
             raise
         finally:
+            self._idle_workers -= 1
             retired.cancel()
-        if not take.done():
-            take.cancel()  # nothing was taken: cancelling take_batch leaves the queue as it was
-            return None
-        jobs = take.result()
-        if not worker.exited.done() and not retire.is_set():
-            return jobs
-        self.queue.put_front(jobs)  # taken in the same instant the worker exited or retired
-        return None
+        serving = not worker.exited.done() and not retire.is_set()
+        chosen = next((take for take in takes if take.done()), None) if serving else None
+        self._give_back(takes, keep=chosen)
+        return chosen.result() if chosen is not None else None
+
+    @staticmethod
+    def _give_back(takes: dict[asyncio.Future[list[Job]], BatchQueue[Job]], keep: object) -> None:
+        """Cancel the takes other than ``keep``; jobs any of them took go back to the front
+        of the queue they came from (cancelling take_batch itself takes nothing)."""
+        for take, queue in takes.items():
+            if take is keep:
+                continue
+            if take.done() and not take.cancelled():
+                queue.put_front(take.result())
+            take.cancel()
 
     async def _send(self, worker: WorkerHandle, jobs: list[Job], held: InFlight) -> Exchange:
         self._batch_ids += 1
@@ -277,15 +376,30 @@ class Dispatcher:
             if held.pop(job.item.request_id) is not None:
                 job.fail(HandlerFailed("worker returned no result for this request"))
 
-    def _retry_or_fail(self, jobs: list[Job]) -> None:
-        retry = [job for job in jobs if job.attempts < MAX_ATTEMPTS and not job.future.done()]
-        for job in jobs:
-            if job not in retry:
-                job.fail(WorkerDied(f"worker of model {self.name} died while handling the request"))
-        if retry:
-            self.queue.put_front(retry)
+    def _died(self) -> WorkerDied:
+        return WorkerDied(f"worker of model {self.name} died while handling the request")
+
+    def _isolate_or_fail(self, jobs: list[Job], error: FerryError) -> None:
+        """After a worker failed holding ``jobs`` (one batch): a lone request is the culprit
+        and gets ``error``; several are retried one at a time (see the module docstring)."""
+        waiting = [job for job in jobs if not job.future.done()]
+        if len(jobs) == 1 or not waiting:
+            for job in waiting:
+                job.fail(error)
+            return
+        suspects = [job for job in waiting if job.attempts < MAX_ATTEMPTS]
+        for job in waiting:
+            if job not in suspects:
+                job.fail(error)
+        if suspects:
+            log.warning(
+                "%s: retrying the %d requests of the failed batch one at a time",
+                self.name,
+                len(suspects),
+            )
+            self.suspects.put_front(suspects)
 
     def fail_queued(self, error: FerryError) -> None:
-        """Answer everything still queued with ``error``."""
-        for job in self.queue.drain():
+        """Answer everything still queued (suspects included) with ``error``."""
+        for job in [*self.suspects.drain(), *self.queue.drain()]:
             job.fail(error)

@@ -32,6 +32,9 @@ class Job:
     item: RequestItem
     future: asyncio.Future[InferenceResponse]
     attempts: int = 0
+    """Times a worker started on it."""
+    returns: int = 0
+    """Times it came back from a failed worker that had not started on it."""
     enqueued_at: float = field(default_factory=time.monotonic)
     queued_seconds: float = 0.0
     """Arrival to first dispatch to a worker."""

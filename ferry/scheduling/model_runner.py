@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ferry.errors import ModelLoadFailed, NoWorkerAvailable
+from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
@@ -149,12 +149,20 @@ class ModelRunner:
 
     # --- requests ------------------------------------------------------------------------
 
-    def submit(self, job: Job) -> None:
-        """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable``."""
+    def check_admission(self) -> None:
+        """Raise now what ``submit`` would raise for a request arriving now (``Overloaded``
+        or ``NoWorkerAvailable``): transports call it before reading a body, so a flood of
+        requests the model cannot take costs as little as possible."""
         if not self.pool.can_accept():
             reason = self.last_error()
             detail = f": last load error: {reason}" if reason else ""
             raise NoWorkerAvailable(f"no worker is available for model {self.name}{detail}")
+        if len(self.queue) >= self.queue.capacity:
+            raise Overloaded(f"queue full ({self.queue.capacity} requests waiting)")
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable``."""
+        self.check_admission()
         self.queue.put(job)
 
     def _spec_for(self, slot: WorkerSlot) -> WorkerSpec:

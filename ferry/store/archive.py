@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,14 @@ class ModelArchive:
     manifest: Manifest
     config: ModelConfig
     source: str
+    unpacked: Path | None = None
+    """The folder Ferry unpacked the archive into, which ``free`` removes; None for a
+    model given as a folder in the store, which is never deleted."""
+
+    def free(self) -> None:
+        """Remove the unpacked folder (once no worker uses it: stop the workers first)."""
+        if self.unpacked is not None:
+            shutil.rmtree(self.unpacked, ignore_errors=True)
 
 
 def _within(store: Path, relative: str) -> Path:
@@ -34,14 +43,12 @@ def _within(store: Path, relative: str) -> Path:
     return path
 
 
-def _unpack(source: Path, work_dir: Path) -> Path:
-    if source.is_dir():
-        return source
-    dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))
+def _extract(source: Path, dest: Path, max_size: int | None) -> Path:
+    """Unpack ``source`` into ``dest``; the folder holding its manifest."""
     if source.suffix in (".mar", ".zip"):
-        extract_zip(source, dest)
+        extract_zip(source, dest, max_size)
     elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
-        extract_tar(source, dest)
+        extract_tar(source, dest, max_size)
     else:
         raise ArchiveError(f"{source.name}: expected a .mar, .tar.gz or a folder")
     if not (dest / MANIFEST_PATH).exists():
@@ -52,8 +59,19 @@ def _unpack(source: Path, work_dir: Path) -> Path:
     return dest
 
 
-def open_model(store: Path, relative: str, work_dir: Path, name: str | None = None) -> ModelArchive:
+def open_model(
+    store: Path,
+    relative: str,
+    work_dir: Path,
+    name: str | None = None,
+    *,
+    max_unpacked_size: int | None = None,
+) -> ModelArchive:
     """Unpack ``relative`` (inside ``store``) into ``work_dir`` and read its metadata.
+
+    An archive that would unpack to more than ``max_unpacked_size`` bytes is refused. If
+    opening fails, nothing stays in ``work_dir``; once opened, ``ModelArchive.free``
+    removes what was unpacked.
 
     model-config.yaml is parsed and validated here, so an invalid value or a typo in a
     section Ferry owns fails the registration or the start-up, not the workers: raises
@@ -62,7 +80,20 @@ def open_model(store: Path, relative: str, work_dir: Path, name: str | None = No
     source = _within(store, relative)
     if not source.exists():
         raise ArchiveError(f"{relative!r} not found in the model store")
-    model_dir = _unpack(source, work_dir)
+    if source.is_dir():
+        return _read_model(source, relative, name, unpacked=None)
+    dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))
+    try:
+        model_dir = _extract(source, dest, max_unpacked_size)
+        return _read_model(model_dir, relative, name, unpacked=dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def _read_model(
+    model_dir: Path, relative: str, name: str | None, unpacked: Path | None
+) -> ModelArchive:
     manifest = Manifest.read(model_dir)
     model_name = name or manifest.model_name
     if not _MODEL_NAME.match(model_name):
@@ -82,6 +113,7 @@ def open_model(store: Path, relative: str, work_dir: Path, name: str | None = No
         manifest=manifest,
         config=config,
         source=relative,
+        unpacked=unpacked,
     )
 
 

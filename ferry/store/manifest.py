@@ -10,6 +10,8 @@ from typing import Any
 from ferry.errors import ArchiveError
 
 MANIFEST_PATH = Path("MAR-INF") / "MANIFEST.json"
+_PATH_KEYS = ("serializedFile", "modelFile", "configFile", "handler")
+"""The ``model`` keys that name files of the archive (``handler`` only when it is a path)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Manifest:
         model = document.get("model") if isinstance(document, dict) else None
         if not isinstance(model, dict) or not model.get("handler"):
             raise ArchiveError(f"{model_dir.name}: manifest lacks model.handler")
+        for key in _PATH_KEYS:
+            _check_inside(model_dir, key, model.get(key))
         return cls(
             model_name=str(model.get("modelName") or model_dir.name),
             model_version=str(model.get("modelVersion") or "1.0"),
@@ -43,6 +47,27 @@ class Manifest:
             model_file=model.get("modelFile") or None,
             config_file=model.get("configFile") or None,
             document=document,
+        )
+
+
+def _check_inside(model_dir: Path, key: str, value: object) -> None:
+    """Raise ``ArchiveError`` unless the manifest's ``model.KEY`` names a file inside
+    ``model_dir`` once resolved (symlinks followed), so no manifest makes a worker read or
+    import a file of the host. A handler that is not a path (a built-in's name, or
+    ``module:function``) names no file."""
+    if not value:
+        return
+    if not isinstance(value, str):
+        raise ArchiveError(f"{model_dir.name}: manifest model.{key} must be a path, got {value!r}")
+    path = value
+    if key == "handler":
+        path = value.partition(":")[0]
+        if not path.endswith(".py") and "/" not in path and "\\" not in path:
+            return
+    root = model_dir.resolve()
+    if not (root / path).resolve().is_relative_to(root):
+        raise ArchiveError(
+            f"{model_dir.name}: manifest model.{key} {value!r} is outside the model folder"
         )
 
 

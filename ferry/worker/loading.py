@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry._compat import SHIM_ROOT
+from ferry.config.image_limits import ImageLimits
 from ferry.handlers.context import Context
 from ferry.handlers.loader import EntryPoint, load_entry_point
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
@@ -60,11 +61,18 @@ def load_handler(
     batch_size: int,
     gpu_id: int | None,
     name: str,
+    image_limits: ImageLimits | None = None,
 ) -> ReadyHandler:
     """Import, instantiate and initialise ``handler`` (the manifest's handler string)."""
     prepare_imports(model_dir)
     context = Context(
-        name, model_dir, manifest, batch_size, gpu_id, model_yaml_config=model_yaml_config
+        name,
+        model_dir,
+        manifest,
+        batch_size,
+        gpu_id,
+        model_yaml_config=model_yaml_config,
+        image_limits=image_limits,
     )
     entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))

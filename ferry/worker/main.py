@@ -53,6 +53,7 @@ def _load(spec: WorkerSpec) -> tuple[BatchRunner, str]:
         batch_size=spec.batch_size,
         gpu_id=spec.gpu_id,
         name=spec.model_name,
+        image_limits=spec.image_limits,
     )
     return BatchRunner(ready.entry, ready.context), _chosen_device(ready.instance, spec)
 

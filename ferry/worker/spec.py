@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ferry.config.image_limits import ImageLimits
 
 
 @dataclass(frozen=True)
@@ -17,10 +19,16 @@ class WorkerSpec:
     model_yaml_config: dict[str, Any]
     torch_threads: int
     worker_id: str
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
+    """What the built-in vision handlers decode (the server's image settings)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, document: dict[str, Any]) -> WorkerSpec:
-        return cls(**document)
+        fields = dict(document)
+        limits = fields.pop("image_limits", None)
+        if limits is not None:  # a mapping on the wire, its formats a list
+            fields["image_limits"] = ImageLimits(limits["max_pixels"], tuple(limits["formats"]))
+        return cls(**fields)

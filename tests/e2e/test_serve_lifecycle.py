@@ -21,7 +21,7 @@ import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
-from tests.fixtures.models import HANDLERS, digest_archive, write_config
+from tests.fixtures.models import HANDLERS, echo_store, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import children_of, is_running
 from tests.fixtures.server import RunningServer, ferry_server
@@ -32,10 +32,7 @@ KNOWN_KEYS = {"management": {"key": "known-management"}, "inference": {"key": "k
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    folder = tmp_path / "store"
-    folder.mkdir()
-    digest_archive(folder, "echo")
-    return folder
+    return echo_store(tmp_path)
 
 
 def _blocking_archive(store: Path) -> str:

@@ -12,16 +12,13 @@ import httpx
 import pytest
 
 from tests.fixtures.cli import run_ferry, serve_args
-from tests.fixtures.models import digest_archive
+from tests.fixtures.models import echo_store
 from tests.fixtures.server import ferry_server
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    folder = tmp_path / "store"
-    folder.mkdir()
-    digest_archive(folder, "echo")
-    return folder
+    return echo_store(tmp_path)
 
 
 def test_management_needs_the_key_and_inference_on_loopback_does_not(

@@ -7,18 +7,11 @@ import os
 import signal
 
 from tests.fixtures.load import closed_loop
-from tests.fixtures.server import RunningServer
-
-
-def _pid(server: RunningServer, model: str) -> int:
-    with server.client() as client:
-        response = client.post(f"/predictions/{model}", content=b"who")
-        assert response.status_code == 200
-        return int(response.json()["pid"])
+from tests.fixtures.server import RunningServer, worker_pid
 
 
 def test_sigkilled_worker_under_load_is_replaced(main_server: RunningServer) -> None:
-    victim = _pid(main_server, "victim")
+    victim = worker_pid(main_server, "victim")
     killed: list[int] = []
 
     def kill_midway(index: int, status: int, body: bytes) -> None:
@@ -43,11 +36,11 @@ def test_sigkilled_worker_under_load_is_replaced(main_server: RunningServer) -> 
         assert client.get("/ping").json() == {"status": "Healthy"}
 
 
-def test_request_that_kills_its_worker_twice_gets_500_and_server_recovers(
+def test_a_lone_request_that_kills_its_worker_gets_500_and_server_recovers(
     main_server: RunningServer,
 ) -> None:
     with main_server.client() as client:
-        before = _pid(main_server, "victim")
+        before = worker_pid(main_server, "victim")
         response = client.post("/predictions/victim", content=b"crash")
         assert response.status_code == 500
         body = response.json()
@@ -59,7 +52,7 @@ def test_request_that_kills_its_worker_twice_gets_500_and_server_recovers(
 
 def test_hung_worker_times_out_with_504_and_is_replaced(strict_server: RunningServer) -> None:
     with strict_server.client() as client:
-        before = _pid(strict_server, "slow")
+        before = worker_pid(strict_server, "slow")
         response = client.post("/predictions/slow", content=b"hang")
         assert response.status_code == 504
         assert response.json()["type"] == "ResponseTimeoutException"
@@ -70,7 +63,7 @@ def test_hung_worker_times_out_with_504_and_is_replaced(strict_server: RunningSe
 def test_worker_killed_while_idle_is_replaced_before_the_next_request(
     main_server: RunningServer,
 ) -> None:
-    before = _pid(main_server, "victim")
+    before = worker_pid(main_server, "victim")
     os.kill(before, signal.SIGKILL)
     with main_server.client() as client:
         response = client.post("/predictions/victim", content=b"next")

@@ -28,6 +28,7 @@ DISTRIBUTION_OF = {
     "msgpack": "msgpack",
     "starlette": "starlette",
     "uvicorn": "uvicorn",
+    "httptools": "httptools",
     "multipart": "python-multipart",
     "python_multipart": "python-multipart",
     "aiohttp": "aiohttp",
@@ -42,7 +43,6 @@ OPTIONAL_MODULES = {
     "onnxruntime",  # the onnx extra
     "pynvml",  # nvidia-ml-py
     "uvloop",  # with uvicorn[standard], but not on every platform
-    "httptools",
     "watchfiles",
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -102,3 +103,42 @@ def test_no_nvml_means_no_gpu_readings(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
     assert gpu.read_gpus() == []
+
+
+SAMPLE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+    r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*\})? \S+$'
+)
+
+
+def assert_parseable(text: str) -> None:
+    """What Prometheus's text parser insists on: valid names, one HELP/TYPE per family."""
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")]
+    assert len(helps) == len(set(helps)), "a family is described twice"
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            assert SAMPLE.match(line), line
+            labels = line[line.find("{") + 1 : line.rfind("}")] if "{" in line else ""
+            names = re.findall(r'([a-zA-Z_0-9]+)="', labels)
+            assert not any(name.startswith("__") for name in names), line
+            assert len(names) == len(set(names)), line
+
+
+def test_handler_metrics_cannot_break_the_scrape() -> None:
+    metrics = FerryMetrics(hostname="host")
+    model = metrics.for_model("m", "1.0")
+    model.request_done(0.002, 0.0005)
+    model.handler_metric("ts_inference_requests_total", 1, "count", "counter", {})
+    model.handler_metric("ferry_batch_size_bucket", 1, "count", "gauge", {})
+    model.handler_metric("1bad_name", 2, "ms", "gauge", {"bad-label": "x", "__name": "y"})
+    model.handler_metric("dims", 1, "ms", "gauge", {"model_name": "clash", "1d": "z"})
+    model.handler_metric("dims", 5, "ms", "gauge", {"other": "dimension set"})  # refused
+    text = metrics.exposition()
+    assert_parseable(text)
+    assert 'handler_ts_inference_requests_total{model_name="m"' in text
+    assert "handler_ferry_batch_size_bucket{" in text
+    assert '_1bad_name{model_name="m",model_version="1.0",unit="ms",x__name="y",bad_label="x"}' in (
+        text
+    )
+    assert 'dim_model_name="clash"' in text and '_1d="z"' in text
+    assert "dimension set" not in text

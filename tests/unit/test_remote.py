@@ -4,38 +4,63 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import posixpath
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
+from urllib.parse import unquote
 
 import pytest
 
 from ferry.errors import InvalidRequest, UrlNotAllowed
 from ferry.store import remote
-from ferry.store.remote import fetch_archive
+from ferry.store.remote import fetch_archive, normalise_url
 
 ARCHIVE = b"not really a zip, but the download does not look inside" * 100
+SECRET = b"what the allow-list keeps out"
 ANY_LOCAL = (r"http://127\.0\.0\.1:\d+/.*",)
+PUBLIC_ONLY = (r"http://127\.0\.0\.1:\d+/public/.*",)
 
 
 class _ArchiveServer(http.server.BaseHTTPRequestHandler):
     """``/model.mar`` with a Content-Length; ``/streamed.mar`` without one (the cap must count);
-    ``/slow.mar`` stalls after a first chunk; ``/to-ftp.mar`` redirects to ftp."""
+    ``/slow.mar`` stalls after a first chunk; ``/to-ftp.mar`` redirects to ftp; ``/secret.mar``
+    is what the allow-list must keep out; ``/public/*`` redirects as its name says.
+
+    Like most web servers, it routes by the percent-decoded path with dot-segments removed;
+    ``requested`` records the paths exactly as clients sent them."""
+
+    requested: list[str] = []
 
     def do_GET(self) -> None:
-        if self.path == "/model.mar":
+        self.requested.append(self.path)
+        path = posixpath.normpath(unquote(self.path))
+        port = cast(http.server.HTTPServer, self.server).server_port
+        if path in ("/model.mar", "/public/model.mar"):
             self._answer(200, {"Content-Length": str(len(ARCHIVE))}, ARCHIVE)
-        elif self.path == "/streamed.mar":
+        elif path == "/secret.mar":
+            self._answer(200, {"Content-Length": str(len(SECRET))}, SECRET)
+        elif path == "/streamed.mar":
             self.close_connection = True
             self._answer(200, {"Connection": "close"}, ARCHIVE)
-        elif self.path == "/slow.mar":
+        elif path == "/slow.mar":
             self._answer(200, {"Content-Length": str(2 * len(ARCHIVE))}, ARCHIVE)
             time.sleep(1)
-        elif self.path == "/to-ftp.mar":
-            self._answer(302, {"Location": "ftp://127.0.0.1/model.mar", "Content-Length": "0"})
+        elif path == "/to-ftp.mar":
+            self._redirect("ftp://127.0.0.1/model.mar")
+        elif path == "/public/moved.mar":
+            self._redirect("/public/./model.mar")
+        elif path == "/public/to-secret.mar":
+            self._redirect("/secret.mar")
+        elif path == "/public/to-other-host.mar":
+            self._redirect(f"http://localhost:{port}/public/model.mar")
         else:
             self._answer(404, {"Content-Length": "0"})
+
+    def _redirect(self, location: str) -> None:
+        self._answer(302, {"Location": location, "Content-Length": "0"})
 
     def _answer(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
         self.send_response(status)
@@ -78,6 +103,93 @@ def test_urls_are_refused_before_anything_is_fetched(base_url: str, tmp_path: Pa
     with pytest.raises(InvalidRequest, match=r"does not name a \.mar"):
         _fetch(f"{base_url}/model.zip", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "normalised"),
+    [
+        ("HTTP://Example.COM:80/a.mar", "http://example.com/a.mar"),
+        ("https://example.com:443/a.mar", "https://example.com/a.mar"),
+        ("http://example.com:8080/a.mar", "http://example.com:8080/a.mar"),
+        ("http://[::1]:80/a.mar", "http://[::1]/a.mar"),
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com/%7euser/%61.mar", "http://example.com/~user/a.mar"),
+        ("http://example.com/a/%2e%2E/b/./c.mar", "http://example.com/b/c.mar"),
+        ("http://example.com/../../c.mar", "http://example.com/c.mar"),
+        ("http://example.com/a/b/..", "http://example.com/a/"),
+        ("http://example.com/a%3fb%3A.mar?x=%2e#part", "http://example.com/a%3Fb%3A.mar?x=."),
+    ],
+)
+def test_urls_are_normalised_as_rfc_3986_says(url: str, normalised: str) -> None:
+    assert normalise_url(url) == normalised
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:1@example.com/a.mar", "carries user information"),
+        ("http://127.0.0.1:x/a.mar", "invalid port"),
+        ("http://ex%2Fample.com/a.mar", "percent-encoded characters in its host"),
+        ("http://example.com/public/..%2Fsecret.mar", r"encoded / or \\ in its path"),
+        ("http://example.com/public/..%5csecret.mar", r"encoded / or \\ in its path"),
+        ("http://example.com/public/..\\secret.mar", r"has a \\ or"),
+    ],
+)
+def test_urls_servers_could_read_another_way_are_refused(url: str, reason: str) -> None:
+    """Servers differ on whether an encoded / separates segments, or \\ is a /."""
+    with pytest.raises(UrlNotAllowed, match=reason):
+        normalise_url(url)
+
+
+@pytest.mark.parametrize(
+    "path", ["/public/../secret.mar", "/public/%2e%2e/secret.mar", "/public/x/.%2E/../secret.mar"]
+)
+def test_dot_segments_cannot_leave_the_allowed_path(
+    base_url: str, tmp_path: Path, path: str
+) -> None:
+    """The raw URL matches the pattern, but the server resolves the dots: the normalised
+    URL is the one that must match."""
+    with pytest.raises(UrlNotAllowed) as refused:
+        _fetch(f"{base_url}{path}", tmp_path, PUBLIC_ONLY)
+    assert refused.value.message == (
+        f"{base_url}{path} normalises to {base_url}/secret.mar, "
+        "which matches no allowed_urls pattern"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_normalised_url_is_the_one_fetched(base_url: str, tmp_path: Path) -> None:
+    _ArchiveServer.requested.clear()
+    assert _fetch(f"{base_url}/public/./x/%2e%2e/model.mar", tmp_path, PUBLIC_ONLY) == "model.mar"
+    assert _ArchiveServer.requested == ["/public/model.mar"]
+
+
+@pytest.mark.parametrize(
+    ("path", "target"),
+    [
+        ("/public/to-secret.mar", "{base}/secret.mar"),
+        ("/public/to-other-host.mar", "http://localhost:{port}/public/model.mar"),
+    ],
+)
+def test_redirects_outside_the_allow_list_are_refused(
+    base_url: str, tmp_path: Path, path: str, target: str
+) -> None:
+    target = target.format(base=base_url, port=base_url.rpartition(":")[2])
+    with pytest.raises(UrlNotAllowed) as refused:
+        _fetch(f"{base_url}{path}", tmp_path, PUBLIC_ONLY)
+    assert refused.value.message == (
+        f"redirect from {base_url}{path} to {target} refused: "
+        f"{target} matches no allowed_urls pattern"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_redirects_within_the_allow_list_are_followed(base_url: str, tmp_path: Path) -> None:
+    """... to the normalised target (the server answered ``/public/./model.mar``)."""
+    _ArchiveServer.requested.clear()
+    assert _fetch(f"{base_url}/public/moved.mar", tmp_path, PUBLIC_ONLY) == "moved.mar"
+    assert (tmp_path / "moved.mar").read_bytes() == ARCHIVE
+    assert _ArchiveServer.requested == ["/public/moved.mar", "/public/model.mar"]
 
 
 @pytest.mark.parametrize(
