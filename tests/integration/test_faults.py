@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -16,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fixtures.cli import FERRY
 from tests.fixtures.load import closed_loop
-from tests.fixtures.models import digest_archive
+from tests.fixtures.models import DEMO_STORE, digest_archive
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import is_running
 from tests.fixtures.responses import assert_error
@@ -152,3 +154,29 @@ def test_requests_whose_client_hung_up_never_reach_a_worker(
         server.metrics()
     )
     assert server.log().count("status=499 model=gated") == 5
+
+
+def test_a_handler_module_in_the_working_directory_cannot_hijack_a_built_in(
+    tmp_path: Path,
+) -> None:
+    """Workers start with ``python -P``: the directory Ferry was started from is not on
+    their import path (before, an image_classifier.py there replaced the built-in)."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    marker = tmp_path / "hijacked"
+    (workdir / "image_classifier.py").write_text(
+        f"open({str(marker)!r}, 'w').write('hijacked')\n"
+        "def handle(data, context):\n    return ['hijacked'] * len(data or [])\n"
+    )
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(DEMO_STORE / "shapes.mar", store / "shapes.mar")
+    sample = (DEMO_STORE.parent / "samples" / "star.png").read_bytes()
+    models = ["shapes=shapes.mar"]
+    with (
+        ferry_server(store, models, tmp_path, command=FERRY, cwd=workdir) as server,
+        server.client() as client,
+    ):
+        answer = client.post("/predictions/shapes", content=sample)
+    assert answer.status_code == 200 and "star" in answer.json()
+    assert not marker.exists()
