@@ -42,10 +42,11 @@ def build(out: Path, size: int = 64) -> list[Path]:
                 "minWorkers": 1,
                 "batchSize": 4,
                 "maxBatchDelay": 10,
-                handler: {"resize": size, "crop": size},
+                # The detector takes full-size images (as TorchServe's): no resize / crop.
+                handler: {"score_threshold": 0.3}
+                if handler == "object_detector"
+                else {"resize": size, "crop": size},
             }
-            if handler == "object_detector":
-                config[handler]["score_threshold"] = 0.3
             (folder / "model-config.yaml").write_text(yaml.safe_dump(config))
             extra = []
             if labels:

@@ -67,6 +67,9 @@ log = logging.getLogger("ferry.service")
 OnHangUp = Callable[[Callable[[], None]], None]
 """Registers a callback the transport calls if the client goes away before its answer."""
 
+MAX_REQUEST_ID = 128
+"""Longest ``x-request-id`` a client may choose; a longer one is replaced by Ferry's."""
+
 
 def _visible_gpus() -> int:
     import torch
@@ -88,6 +91,8 @@ class FerryService:
         limit = settings.number_of_gpu
         self._gpus = visible if limit is None else min(visible, limit)
         self._next_gpu = 0
+        self._client_request_ids: set[str] = set()
+        """Clients' ``x-request-id`` values in flight: the dispatcher keys jobs by id."""
 
     # --- data plane ----------------------------------------------------------------------
 
@@ -121,16 +126,18 @@ class FerryService:
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
-        job = Job(
-            messages.RequestItem(next_request_id(), headers, wire_parts), loop.create_future()
-        )
-        runner.submit(job)
-        if on_hang_up is not None:
-            on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
+        request_id = self._choose_request_id(headers.get("x-request-id", ""))
+        job = Job(messages.RequestItem(request_id, headers, wire_parts), loop.create_future())
         try:
-            answer = await job.future
+            runner.submit(job)
+            if on_hang_up is not None:
+                on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
+            try:
+                answer = await job.future
+            finally:
+                runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
         finally:
-            runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
+            self._client_request_ids.discard(request_id)
         if len(answer.body) > self.settings.max_response_size:
             raise ResponseTooLarge(
                 f"response of {len(answer.body)} bytes exceeds max_response_size "
@@ -143,7 +150,19 @@ class FerryService:
             answer.headers,
             answer.batch_size,
             answer.queued_seconds,
+            request_id,
         )
+
+    def _choose_request_id(self, wanted: str) -> str:
+        """The client's id when it is usable: at most 128 visible ASCII characters, not
+        in flight already and not of the generated form (``r`` and digits), since ids key
+        the jobs a worker holds. Otherwise a generated one."""
+        usable = 0 < len(wanted) <= MAX_REQUEST_ID and all(33 <= ord(c) <= 126 for c in wanted)
+        generated_form = wanted[:1] == "r" and wanted[1:].isdigit()
+        if not usable or generated_form or wanted in self._client_request_ids:
+            return next_request_id()
+        self._client_request_ids.add(wanted)
+        return wanted
 
     def health(self) -> Health:
         """TorchServe's ``/ping`` rule over the models loaded at start-up: Healthy when each
@@ -193,8 +212,10 @@ class FerryService:
             max_batch_delay=delay_ms / 1000,
             workers=workers,
             response_timeout=config.response_timeout or settings.default_response_timeout,
-            startup_timeout=startup_timeout or max(120.0, config.response_timeout or 0.0),
-            queue_capacity=settings.job_queue_size,
+            startup_timeout=startup_timeout
+            or config.startup_timeout
+            or max(120.0, config.response_timeout or 0.0),
+            queue_capacity=config.job_queue_size or settings.job_queue_size,
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
@@ -268,10 +289,11 @@ class FerryService:
         if store is None:
             raise ConfigError("--models needs --model-store")
         # Unpacking runs in a thread: the event loop keeps answering while archives open.
-        archives = [
+        opened = [
             await asyncio.to_thread(self._open_startup_model, store, name, relative)
             for name, relative in self._startup_entries(store, entries)
         ]
+        archives = [archive for archive in opened if archive is not None]
         started = [self._start(archive, at_startup=True) for archive in archives]
         for archive in archives:
             versions = self.settings.model_overrides.get(archive.name, {})
@@ -307,7 +329,14 @@ class FerryService:
                 resolved.append((name, relative))
         return resolved
 
-    def _open_startup_model(self, store: Path, name: str | None, relative: str) -> ModelArchive:
+    def _open_startup_model(
+        self, store: Path, name: str | None, relative: str
+    ) -> ModelArchive | None:
+        """The archive, or None when it is missing from the store: like TorchServe, Ferry
+        logs it and starts without it. Any other problem with it stops start-up."""
+        if not (store / relative).exists():
+            log.error("model %s not found in the model store %s; not loaded", relative, store)
+            return None
         archive = open_model(
             store,
             relative,
@@ -471,6 +500,7 @@ class FerryService:
                     workers.append((f"{runner.name}/{runner.version}/w{slot.index}", pid))
             runner.metrics.set_queue_and_workers(len(runner.queue), states)
         self.metrics.record_processes(workers)
+        self.metrics.record_host()
         if self._gpus:
             self.metrics.record_gpus(read_gpus())
         return self.metrics.exposition()

@@ -27,6 +27,8 @@ class Prediction:
     batch_size: int = 1
     """How many requests shared this request's batch."""
     queued_seconds: float = 0.0
+    request_id: str = ""
+    """The id the request ran under: the client's ``x-request-id`` or a generated one."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ class ModelStatus:
     """At least one worker can take requests."""
     last_error: str
     """Why a worker last failed to load or died, while the model is short of workers."""
+    startup_timeout: float = 120.0
+    """Seconds a worker may take to load the model."""
+    gpu_ids: tuple[int, ...] = ()
+    """The GPUs the workers use; none means they run on the CPU."""
 
 
 def _worker_status(slot: WorkerSlot) -> WorkerStatus:
@@ -87,4 +91,6 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         pending_requests=len(runner.queue),
         ready=runner.is_ready(),
         last_error=runner.last_error(),
+        startup_timeout=runner.settings.startup_timeout,
+        gpu_ids=runner.settings.gpu_ids,
     )

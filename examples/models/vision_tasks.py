@@ -23,8 +23,9 @@ class TinySegmenter(nn.Module):
 
 
 class TinyDetector(nn.Module):
-    """``(batch, cells, 6)`` candidates ``x1, y1, x2, y2, score, label``: one box per cell of
-    an 8x8 grid, sized and scored by a small convolutional head."""
+    """``(batch, cells, 6)`` candidates ``x1, y1, x2, y2, score, label`` in each image's own
+    pixels: one box per cell of an 8x8 grid, sized and scored by a small convolutional head.
+    Takes a batch tensor or a list of CHW images of any sizes, as torchvision's detectors."""
 
     def __init__(self, classes: int = 3, grid: int = 8) -> None:
         super().__init__()
@@ -36,20 +37,22 @@ class TinyDetector(nn.Module):
             nn.Conv2d(16, 3 + classes, 1),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        size = x.shape[-1]
-        raw = self.head(x)  # (batch, 3 + classes, grid, grid)
-        cell = size / self.grid
+    def forward(self, images: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([self._candidates(image) for image in images])
+
+    def _candidates(self, image: torch.Tensor) -> torch.Tensor:
+        _, height, width = image.shape
+        raw = self.head(image[None])[0].flatten(1)  # (3 + classes, grid * grid)
+        cell_w, cell_h = width / self.grid, height / self.grid
         ys, xs = torch.meshgrid(torch.arange(self.grid), torch.arange(self.grid), indexing="ij")
-        centre_x = (xs.flatten() + 0.5) * cell
-        centre_y = (ys.flatten() + 0.5) * cell
-        half = torch.sigmoid(raw[:, 0].flatten(1)) * cell
-        score = torch.sigmoid(raw[:, 1].flatten(1) + raw[:, 2].flatten(1))
-        label = raw[:, 3:].flatten(2).argmax(1).float()
-        boxes = torch.stack(
-            [centre_x - half, centre_y - half, centre_x + half, centre_y + half], dim=2
-        )
-        return torch.cat([boxes, score.unsqueeze(2), label.unsqueeze(2)], dim=2)
+        centre_x = (xs.flatten() + 0.5) * cell_w
+        centre_y = (ys.flatten() + 0.5) * cell_h
+        half = torch.sigmoid(raw[0])
+        score = torch.sigmoid(raw[1] + raw[2])
+        label = raw[3:].argmax(0).float()
+        boxes = [centre_x - half * cell_w, centre_y - half * cell_h]
+        boxes += [centre_x + half * cell_w, centre_y + half * cell_h]
+        return torch.stack([*boxes, score, label], dim=1)
 
 
 class TinyEmbedder(nn.Module):

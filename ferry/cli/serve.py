@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ferry.cli import daemon
 from ferry.config.settings import ServerSettings
-from ferry.config.sources import OPTIONS, load_settings
+from ferry.config.sources import OPTIONS, OPTIONS_BY_KEY, load_settings
 from ferry.errors import ConfigError
 
 
@@ -46,13 +47,41 @@ def add_parser(commands: Any) -> None:
             )
         else:
             parser.add_argument(option.flag_name, dest=option.key, help=help_text)
-    # TorchServe flags accepted for drop-in scripts: Ferry always runs in the foreground
-    # and keeps no config snapshots.
-    parser.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
+    _add_torchserve_flags(parser)
+    parser.set_defaults(run=run)
+
+
+def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
+    """TorchServe's ways of running: in the background with a pid file (``--start``,
+    ``--stop``) or attached (``--foreground``, the default)."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--start",
+        action="store_true",
+        help="run in the background: return once models are loaded, logs in log_location "
+        "(default ./logs), pid in --pid-file",
+    )
+    mode.add_argument("--stop", action="store_true", help="stop the server --pid-file names")
+    parser.add_argument(
+        "--foreground",
+        action="store_true",
+        help="stay attached (the default; with --start, --start is ignored)",
+    )
+    parser.add_argument(
+        "--pid-file",
+        type=Path,
+        help="pid file of --start / --stop (default $TMPDIR/ferry-UID/ferry.pid)",
+    )
+    parser.add_argument(
+        "--log-config",
+        type=Path,
+        help="Python logging config replacing Ferry's: fileConfig INI (.ini, .conf, .cfg) "
+        "or dictConfig .json / .yaml; TorchServe's log4j2 .xml is ignored with a warning",
+    )
+    # Ferry keeps no config snapshots: accepted for drop-in scripts.
     parser.add_argument(
         "--ncs", "--no-config-snapshots", action="store_true", help=argparse.SUPPRESS
     )
-    parser.set_defaults(run=run)
 
 
 def flags_from_args(args: argparse.Namespace) -> dict[str, str]:
@@ -65,7 +94,12 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, str]:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    return load_settings(flags_from_args(args), os.environ, args.ts_config)
+    """``--ts-config``, else TorchServe's ``TS_CONFIG_FILE`` variable, names the config file
+    (a flag wins over the environment, as for every setting)."""
+    config_file = args.ts_config
+    if config_file is None and os.environ.get("TS_CONFIG_FILE"):
+        config_file = Path(os.environ["TS_CONFIG_FILE"]).expanduser()
+    return load_settings(flags_from_args(args), os.environ, config_file)
 
 
 def _run_loop(coroutine: Any) -> int:
@@ -77,10 +111,14 @@ def _run_loop(coroutine: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit codes: see ``ferry.server``."""
+    """Exit codes: see ``ferry.server``; ``--start`` / ``--stop``: see ``ferry.cli.daemon``."""
     # Until the server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        if args.stop:
+            return daemon.stop(args.pid_file or daemon.default_pid_file())
+        if args.start and not args.foreground:
+            return _start(args)
         return _serve(args)
     except ConfigError as error:
         print(f"ferry serve: {error.message}", file=sys.stderr)
@@ -91,11 +129,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ferry.logs import configure_logging
+    from ferry.logs import apply_log_config, configure_logging
     from ferry.server import run_server
 
     settings = settings_from_args(args)
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, settings.log_location)
+    if args.log_config is not None:
+        try:
+            apply_log_config(args.log_config)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"--log-config {args.log_config}: {error}") from None
     if settings.model_store is not None and not settings.model_store.is_dir():
         raise ConfigError(f"model store {settings.model_store} is not a folder")
     return _run_loop(run_server(settings))
+
+
+def _start(args: argparse.Namespace) -> int:
+    """Check the settings here, then hand the same ones to a background ``ferry serve``."""
+    settings = settings_from_args(args)
+    if settings.model_store is not None and not settings.model_store.is_dir():
+        raise ConfigError(f"model store {settings.model_store} is not a folder")
+    pid_file = (args.pid_file or daemon.default_pid_file()).absolute()
+    log_location = (settings.log_location or Path("logs")).absolute()
+    ready_file = settings.ready_file or pid_file.with_name(pid_file.name + ".ready")
+    child_args = [f"--log-location={log_location}", f"--ready-file={ready_file}"]
+    if args.ts_config is not None:
+        child_args.append(f"--ts-config={args.ts_config}")
+    if args.log_config is not None:
+        child_args.append(f"--log-config={args.log_config}")
+    for key, value in flags_from_args(args).items():
+        option = OPTIONS_BY_KEY[key]
+        if key not in ("log_location", "ready_file"):
+            child_args.append(option.flag_name if option.switch else f"{option.flag_name}={value}")
+    return daemon.start(child_args, pid_file, log_location, ready_file)

@@ -44,6 +44,8 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "deviceIds": ("device_ids", integers(0, scalar=True)),
     "maxRequestsPerWorker": ("max_requests_per_worker", integer(1)),
     "maxWorkerMemoryMB": ("max_worker_memory_mb", integer(1)),
+    "jobQueueSize": ("job_queue_size", integer(1)),
+    "startupTimeout": ("startup_timeout", number(0.0, above_low=True)),
 }
 
 
@@ -63,6 +65,11 @@ class ModelConfig:
     """Ferry: replace a worker (between batches) once it has answered this many requests."""
     max_worker_memory_mb: int | None = None
     """Ferry: replace a worker (between batches) once its resident memory exceeds this."""
+    job_queue_size: int | None = None
+    """Requests this model version may hold waiting (the server's ``job_queue_size``
+    when None)."""
+    startup_timeout: float | None = None
+    """Seconds a worker may take to load the model (TorchServe's ``startupTimeout``)."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

@@ -126,11 +126,23 @@ class ServerSettings:
     enable_envvars_config: bool = False
     """Also read TorchServe's ``TS_*`` environment variables."""
 
+    cors_allowed_origin: tuple[str, ...] = ()
+    """Origins (``*`` for any) whose browser pages may call every API; none turns CORS off."""
+    cors_allowed_methods: tuple[str, ...] = ()
+    """Methods a CORS preflight may ask for (TorchServe: ``GET, POST, PUT, OPTIONS``);
+    none refuses every preflight."""
+    cors_allowed_headers: tuple[str, ...] = ()
+    """Request headers a CORS preflight may ask for (``*`` for any)."""
+
     access_log: bool = True
     """One log line per inference request (logger ``ferry.access``)."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""
     log_level: str = "INFO"
+    log_location: Path | None = None
+    """Folder for TorchServe's log files (``ts_log.log``, ``access_log.log``,
+    ``model_log.log``, ``model_metrics.log``) instead of stderr; ``ferry serve --start``
+    uses ``logs`` when unset."""
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""
 

@@ -181,46 +181,59 @@ OPTIONS = (
     Option("access_log", "access_log", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("ready_file", "ready_file", _path),
+    Option("log_location", "log_location", _path),
     Option("max_workers_total", "max_workers_total", _integer(0)),
     Option("max_unpacked_size", "max_unpacked_size", _integer(1)),
     Option("limit_max_image_pixels", "limit_max_image_pixels", _pixel_limit),
     Option("allowed_image_formats", "allowed_image_formats", _image_formats),
+    Option("cors_allowed_origin", "cors_allowed_origin", _list),
+    Option("cors_allowed_methods", "cors_allowed_methods", _list),
+    Option("cors_allowed_headers", "cors_allowed_headers", _list),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 
-# TorchServe keys Ferry accepts without using them (the JVM, Netty, snapshots, workflows ...);
-# never a key of OPTIONS (tests/unit/test_sources.py checks).
-IGNORED_TORCHSERVE_KEYS = frozenset(
-    {
-        "vmargs",
-        "number_of_netty_threads",
-        "netty_client_threads",
-        "async_logging",
-        "default_service_handler",
-        "decode_input_request",
-        "snapshot_store",
-        "workflow_store",
-        "install_py_dep_per_model",
-        "cors_allowed_origin",
-        "cors_allowed_methods",
-        "cors_allowed_headers",
-        "unregister_model_timeout",
-        "model_server_home",
-        "metrics_mode",
-        "metrics_config",
-        "grpc_inference_port",
-        "grpc_management_port",
-        "enable_grpc_ssl",
-        "use_native_io",
-        "io_ratio",
-        "model_snapshot",
-        "tsConfigFile",
-        "initial_worker_port",
-        "max_request_size_bytes",
-        "disable_system_metrics",
-        "workflow_store_path",
-    }
-)
+# TorchServe's documented config.properties keys Ferry accepts without using them, each with
+# why; the warning quotes it. Never a key of OPTIONS (tests/unit/test_sources.py checks).
+_NO_JVM = "Ferry has no JVM or Netty"
+_NO_GRPC = "Ferry has no gRPC API yet"
+_NO_WORKFLOWS = "Ferry has no workflows"
+IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
+    "vmargs": _NO_JVM,
+    "number_of_netty_threads": _NO_JVM,
+    "netty_client_threads": _NO_JVM,
+    "prefer_direct_buffer": _NO_JVM,
+    "async_logging": "Ferry's logging never blocks a request",
+    "keystore": "use certificate_file and private_key_file",
+    "keystore_pass": "use certificate_file and private_key_file",
+    "keystore_type": "use certificate_file and private_key_file",
+    "default_service_handler": "each archive names its handler",
+    "decode_input_request": "handlers get each request body as bytes, undecoded",
+    "snapshot_store": "Ferry keeps no config snapshots",
+    "model_snapshot": "Ferry keeps no config snapshots",
+    "workflow_store": _NO_WORKFLOWS,
+    "workflow_store_path": _NO_WORKFLOWS,
+    "install_py_dep_per_model": "Ferry installs no packages; install them beforehand",
+    "blacklist_env_vars": "workers inherit Ferry's environment",
+    "unregister_model_timeout": "unregistering drains workers within DRAIN_SECONDS",
+    "model_server_home": "paths are relative to the working directory",
+    "metrics_mode": "metrics are always Prometheus text on metrics_address",
+    "metrics_format": "metrics are always Prometheus text on metrics_address",
+    "metrics_config": "Ferry's metrics are defined in code",
+    "system_metrics_cmd": "Ferry collects no system metrics",
+    "disable_system_metrics": "Ferry collects no system metrics",
+    "grpc_inference_port": _NO_GRPC,
+    "grpc_management_port": _NO_GRPC,
+    "grpc_inference_address": _NO_GRPC,
+    "grpc_management_address": _NO_GRPC,
+    "enable_grpc_ssl": _NO_GRPC,
+    "use_native_io": _NO_JVM,
+    "io_ratio": _NO_JVM,
+    "tsConfigFile": "name the file with --ts-config or TS_CONFIG_FILE",
+    "initial_worker_port": "workers talk to Ferry over pipes, not ports",
+    "max_request_size_bytes": "use max_request_size",
+    "use_env_allowed_urls": "use enable_envvars_config",
+    "plugins_path": "Ferry loads no Java plugins",
+}
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -250,7 +263,13 @@ def read_properties(path: Path) -> dict[str, str]:
 def _warn_unknown(keys: list[str], source: str) -> None:
     for key in keys:
         if key in IGNORED_TORCHSERVE_KEYS:
-            log.warning("%s: %s is a TorchServe setting Ferry does not use; ignored", source, key)
+            reason = IGNORED_TORCHSERVE_KEYS[key]
+            log.warning(
+                "%s: %s is a TorchServe setting Ferry does not use (%s); ignored",
+                source,
+                key,
+                reason,
+            )
         elif key not in OPTIONS_BY_KEY:
             log.warning("%s: unknown setting %s; ignored", source, key)
 

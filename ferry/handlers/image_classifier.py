@@ -10,26 +10,34 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from PIL import Image
 
 from ferry.config.sections import ImageClassifierConfig, handler_section, read_section
 from ferry.errors import InvalidInput
 from ferry.handlers.base_handler import BaseHandler, timed_stage
 from ferry.handlers.context import Context
 from ferry.handlers.gpu_decode import JpegDecoder, decode_each, is_jpeg, load_gpu_jpeg_decoder
-from ferry.handlers.vision import ImageTransform, image_bytes
+from ferry.handlers.ts_utils import map_class_to_label
+from ferry.handlers.vision import DefaultImageProcessing, ImageTransform, image_bytes
 
 
 class VisionHandler(BaseHandler):
-    """Decodes a batch of images into one normalised tensor.
+    """Decodes a batch of images into one tensor, as TorchServe's ``VisionHandler``.
 
-    A TorchServe subclass that sets ``image_processing`` (a torchvision transform taking a
-    PIL image) keeps it; otherwise Ferry's PIL/torch transform is used.
+    ``image_processing`` is the transform from a PIL image to a tensor (by default
+    ``DefaultImageProcessing``, sized by the model-config.yaml section). A subclass may
+    replace it, as a class attribute or in ``initialize``: each image is then opened as
+    stored (no mode forced), checked against the image limits, given to
+    ``image_processing``, and the results are stacked. While it is the default, Ferry
+    decodes its own way: JPEG draft mode, uint8 upload normalised on the device, optional
+    GPU decoding.
     """
 
-    image_processing: Any = None
+    image_processing: Callable[[Image.Image], torch.Tensor] = DefaultImageProcessing()
     config_section = "image_classifier"
     """The model-config.yaml section holding resize / crop / mean / std."""
 
@@ -37,6 +45,7 @@ class VisionHandler(BaseHandler):
         super().__init__()
         self.transform = ImageTransform()
         self.jpeg_decoder: JpegDecoder | None = None
+        self._builtin_processing = DefaultImageProcessing()
         self._local = threading.local()  # preprocess may run in several pipeline threads
 
     def initialize(self, context: Context) -> None:
@@ -45,8 +54,18 @@ class VisionHandler(BaseHandler):
         self.transform = ImageTransform(
             section.resize, section.crop, section.mean, section.std, context.image_limits
         )
+        if self._uses_builtin_processing():
+            self._builtin_processing = DefaultImageProcessing(
+                section.resize, section.crop, tuple(section.mean), tuple(section.std)
+            )
+            self.image_processing = self._builtin_processing
         if section.gpu_decode:
             self.jpeg_decoder = load_gpu_jpeg_decoder(self._device())
+
+    def _uses_builtin_processing(self) -> bool:
+        """Whether ``image_processing`` is still Ferry's own (compared by value, so that
+        a copy in a preprocess process agrees)."""
+        return bool(self.image_processing == self._builtin_processing)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -63,32 +82,42 @@ class VisionHandler(BaseHandler):
         failures: dict[int, Exception] = getattr(self._local, "failures", {})
         return failures
 
-    def _decode_one(self, row: dict[str, Any]) -> torch.Tensor:
-        image = self.transform.decode(image_bytes(row))
-        if self.image_processing is not None:
-            tensor: torch.Tensor = self.image_processing(image)
-            return tensor
-        return self.transform.to_uint8(image)
+    def _decode_builtin(self, row: dict[str, Any]) -> torch.Tensor:
+        """One image resized and cropped as uint8 (normalised later, on the device)."""
+        return self.transform.to_uint8(self.transform.decode(image_bytes(row)))
 
-    def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor | None:
+    def _decode_for_processing(self, row: dict[str, Any]) -> torch.Tensor:
+        """One image through ``image_processing``, as TorchServe's ``VisionHandler``."""
+        value = row.get("data") or row.get("body")
+        if isinstance(value, list):  # TorchServe takes a JSON list as the tensor itself
+            return torch.tensor(value, dtype=torch.float32)
+        tensor: torch.Tensor = self.image_processing(self.transform.open(image_bytes(row)))
+        return tensor
+
+    def preprocess(self, data: list[dict[str, Any]]) -> Any:
         """Stack the decodable images; remember which requests failed and why."""
         failures: dict[int, Exception] = {}
         self._local.failures = failures
-        if self.jpeg_decoder is not None and self.image_processing is None:
+        builtin = self._uses_builtin_processing()
+        if builtin and self.jpeg_decoder is not None:
             return self._preprocess_on_device(data, failures)
+        decode = self._decode_builtin if builtin else self._decode_for_processing
         tensors = []
         for index, row in enumerate(data):
             try:
-                tensors.append(self._decode_one(row))
+                tensors.append(decode(row))
             except InvalidInput as exc:
                 failures[index] = exc
         if not tensors:
             return None
-        batch = torch.stack(tensors)
-        if batch.dtype == torch.uint8:
+        if builtin:
             # Pixels travel as uint8 (a quarter of the bytes) and are normalised on the device.
-            return self.to_device(batch, self.transform.normalise)
-        return self.to_device(batch)
+            return self.to_device(torch.stack(tensors), self.transform.normalise)
+        return self.batch_images(tensors)
+
+    def batch_images(self, tensors: list[torch.Tensor]) -> Any:
+        """The model's input from the processed images: stacked, on the device."""
+        return self.to_device(torch.stack(tensors))
 
     def _preprocess_on_device(
         self, data: list[dict[str, Any]], failures: dict[int, Exception]
@@ -118,7 +147,7 @@ class VisionHandler(BaseHandler):
             if index in images:
                 continue
             try:
-                images[index] = self._decode_one({"body": raw}).to(self._device())
+                images[index] = self._decode_builtin({"body": raw}).to(self._device())
             except InvalidInput as exc:
                 failures[index] = exc
         if not images:
@@ -155,14 +184,3 @@ class ImageClassifier(VisionHandler):
         k = min(self.topk, probabilities.shape[1])
         top_probs, top_classes = torch.topk(probabilities, k, dim=1)
         return map_class_to_label(top_probs.tolist(), self.mapping, top_classes.tolist())
-
-
-def map_class_to_label(
-    probs: list[list[float]], mapping: dict[str, str] | None, lbl_classes: list[list[int]]
-) -> list[dict[str, float]]:
-    """Pair probabilities with labels (the class index as a string when there is no mapping)."""
-    results = []
-    for row_probs, row_classes in zip(probs, lbl_classes, strict=True):
-        labels = [mapping.get(str(c), str(c)) if mapping else str(c) for c in row_classes]
-        results.append(dict(zip(labels, row_probs, strict=True)))
-    return results

@@ -1,6 +1,8 @@
 """Image decoding and the resize / center-crop / normalise transform, in PIL and torch only.
 
-torchvision is optional: it is not needed for any of this.
+torchvision is optional: it is not needed for any of this. ``DefaultImageProcessing`` and
+``ImageToTensor`` are the vision handlers' default ``image_processing`` (TorchServe's
+torchvision transforms, rewritten in PIL and torch).
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ class ImageTransform:
         with _as_invalid_input():
             self._open(encoded)
 
+    def open(self, encoded: bytes) -> Image.Image:
+        """The image decoded as it is stored (no mode forced), if ``limits`` allow it."""
+        with _as_invalid_input():
+            image = self._open(encoded)
+            image.load()  # decoding errors are the request's, not the transform's
+            return image
+
     def decode(self, encoded: bytes) -> Image.Image:
         """Decode to RGB at the resolution the transform needs (JPEG draft mode skips the rest)."""
         with _as_invalid_input():
@@ -126,3 +135,61 @@ class ImageTransform:
         mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1) * 255
         std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1) * 255
         return (batch.float() - mean) / std
+
+
+def image_to_tensor(image: Image.Image) -> torch.Tensor:
+    """torchvision's ``ToTensor``: CHW, one channel per band, 8-bit images scaled to [0, 1]."""
+    array = np.array(image, copy=True)
+    if image.mode == "1":
+        array = array.astype(np.uint8) * 255
+    tensor = torch.from_numpy(array)
+    if tensor.ndim == 2:
+        tensor = tensor[:, :, None]
+    tensor = tensor.permute(2, 0, 1).contiguous()
+    if tensor.dtype == torch.uint8:
+        return tensor.float().div_(255)
+    return tensor
+
+
+class ImageToTensor:
+    """``image_to_tensor`` as a transform object (TorchServe's ``ObjectDetector`` default)."""
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return image_to_tensor(image)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ImageToTensor)
+
+    def __hash__(self) -> int:
+        return hash(ImageToTensor)
+
+
+@dataclass(frozen=True)
+class DefaultImageProcessing:
+    """torchvision's ``Resize(resize)``, ``CenterCrop(crop)``, ``ToTensor()``,
+    ``Normalize(mean, std)`` on a PIL image, in PIL and torch (TorchServe's default
+    ``image_processing``)::
+
+        tensor = DefaultImageProcessing()(Image.open("kitten.jpg").convert("RGB"))
+        tensor.shape  # torch.Size([3, 224, 224])
+    """
+
+    resize: int = 256
+    crop: int = 224
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        width, height = image.size
+        short, long = min(width, height), max(width, height)
+        new_long = int(self.resize * long / short)  # torchvision truncates the long side
+        size = (self.resize, new_long) if width <= height else (new_long, self.resize)
+        if size != image.size:
+            image = image.resize(size, Image.Resampling.BILINEAR)
+        left = round((size[0] - self.crop) / 2.0)
+        top = round((size[1] - self.crop) / 2.0)
+        image = image.crop((left, top, left + self.crop, top + self.crop))
+        tensor = image_to_tensor(image).float()
+        mean = torch.tensor(self.mean).view(-1, 1, 1)
+        std = torch.tensor(self.std).view(-1, 1, 1)
+        return (tensor - mean) / std

@@ -90,7 +90,7 @@ def inference_app(service: FerryService) -> Starlette:
             response = Response(
                 answer.body,
                 status_code=answer.status,
-                headers=answer.headers,
+                headers={**answer.headers, "x-request-id": answer.request_id},
                 media_type=answer.content_type,
             )
         except FerryError as error:

@@ -14,6 +14,7 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from ferry.config.settings import Address, ServerSettings
@@ -87,11 +88,27 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
     return config
 
 
+def with_cors(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
+    """TorchServe's CORS settings, outside the token check: a browser's preflight
+    (``OPTIONS`` with ``Access-Control-Request-Method``) carries no key. Without
+    ``cors_allowed_origin`` the app is unchanged and answers no CORS headers."""
+    if not settings.cors_allowed_origin:
+        return app
+    return CORSMiddleware(
+        app,
+        allow_origins=settings.cors_allowed_origin,
+        allow_methods=settings.cors_allowed_methods,
+        allow_headers=settings.cors_allowed_headers,
+        expose_headers=["x-request-id"],
+    )
+
+
 class HttpListener:
     """One API on one address: ``bind()``, then ``serve()`` until ``stop()``."""
 
     def __init__(self, app: ASGIApp, address: Address, settings: ServerSettings) -> None:
         self.address = address
+        app = with_cors(app, settings)
         self._server = _Uvicorn(_uvicorn_config(app, address, settings))
         self._socket: socket.socket | None = None
         self._serving = False

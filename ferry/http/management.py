@@ -53,6 +53,25 @@ def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
     }
 
 
+_TORCHSERVE_ONLY_FIELDS: dict[str, Any] = {
+    # Describe fields of TorchServe features Ferry does not have, at TorchServe's defaults,
+    # so clients that read them find them: retries, torchrun parallelism, job tickets,
+    # per-model virtual environments, stateful sequences, continuous batching.
+    "maxRetryTimeoutInSec": 300,
+    "clientTimeoutInMills": 0,
+    "parallelType": "",
+    "parallelLevel": 1,
+    "continuousBatching": False,
+    "useJobTicket": False,
+    "useVenv": False,
+    "stateful": False,
+    "sequenceMaxIdleMSec": 0,
+    "sequenceTimeoutMSec": 0,
+    "maxNumSequence": 1,
+    "maxSequenceJobQueueSize": 1,
+}
+
+
 def model_json(model: ModelStatus) -> dict[str, Any]:
     """A describe entry with TorchServe's field names."""
     return {
@@ -65,6 +84,11 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
         "batchSize": model.batch_size,
         "maxBatchDelay": round(model.max_batch_delay_ms),
         "responseTimeout": round(model.response_timeout),
+        "startupTimeout": round(model.startup_timeout),
+        "jobQueueSize": model.queue_capacity,
+        "deviceType": "gpu" if model.gpu_ids else "cpu",
+        "deviceIds": list(model.gpu_ids),
+        **_TORCHSERVE_ONLY_FIELDS,
         "loadedAtStartup": model.loaded_at_startup,
         "workers": [_worker_json(worker) for worker in model.workers],
         "ready": model.ready,

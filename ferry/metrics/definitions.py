@@ -1,7 +1,9 @@
 """Every metric Ferry exposes, defined once, and the per-model handles that record them.
 
-TorchServe's three Prometheus metrics keep their names and labels, so existing dashboards
-work; Ferry's own are prefixed ``ferry_``.
+TorchServe's Prometheus metrics keep their names and labels, so existing dashboards and
+checks work: the three ``ts_*`` counters and the unprefixed ones of TorchServe's default
+metrics.yaml (``Requests2XX``, ``QueueTime``, ``CPUUtilization``, ``PredictionTime`` ...),
+whose dimensions are capitalised (``Level``, ``Hostname``). Ferry's own are prefixed ``ferry_``.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import shutil
 import socket
 from collections.abc import Callable, Iterable, Sequence
 
 from ferry.metrics.gpu import GpuReading
-from ferry.metrics.prometheus import Child, Family, label_name, metric_name, render
-from ferry.procinfo import cpu_seconds, resident_bytes
+from ferry.metrics.prometheus import Child, Family, Gauge, label_name, metric_name, render
+from ferry.procinfo import cpu_jiffies, cpu_seconds, memory_bytes, resident_bytes
 
 LATENCY_BUCKETS = (
     0.0001,
@@ -37,6 +40,10 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODEL = ("model_name", "model_version")
+TS_HOST = ("Level", "Hostname")
+TS_MODEL = ("ModelName", "Level", "Hostname")
+TS_GPU = ("Level", "DeviceId", "Hostname")
+MB, GB = 2**20, 2**30
 
 log = logging.getLogger("ferry.metrics")
 
@@ -141,8 +148,37 @@ class FerryMetrics:
         self.gpu_utilization = Family(
             "ferry_gpu_utilization_percent", "GPU utilisation (NVML).", "gauge", ("gpu",)
         )
+        self.torchserve = self._torchserve_families()
         self.handler_metrics: dict[str, Family] = {}
         self._refused: set[str] = set()
+        self._cpu_before = (0, 0)
+
+    @staticmethod
+    def _torchserve_families() -> dict[str, Family]:
+        """TorchServe's default frontend and model metrics (its metrics.yaml), by name."""
+        table = [
+            ("Requests2XX", "counter", TS_HOST, "Inference responses with a 2xx status."),
+            ("Requests4XX", "counter", TS_HOST, "Inference responses with a 4xx status."),
+            ("Requests5XX", "counter", TS_HOST, "Inference responses with a 5xx status."),
+            ("QueueTime", "gauge", TS_HOST, "Queue time of the latest dispatched request, ms."),
+            ("WorkerLoadTime", "gauge", ("WorkerName", *TS_HOST), "Worker start-up time, ms."),
+            ("CPUUtilization", "gauge", TS_HOST, "Host CPU use since the last scrape, %."),
+            ("MemoryUsed", "gauge", TS_HOST, "Host memory in use, MB."),
+            ("MemoryAvailable", "gauge", TS_HOST, "Host memory available, MB."),
+            ("MemoryUtilization", "gauge", TS_HOST, "Host memory in use, %."),
+            ("DiskUsage", "gauge", TS_HOST, "Disk space used on /, GB."),
+            ("DiskAvailable", "gauge", TS_HOST, "Disk space free on /, GB."),
+            ("DiskUtilization", "gauge", TS_HOST, "Disk space used on /, %."),
+            ("GPUMemoryUtilization", "gauge", TS_GPU, "GPU memory in use (NVML), %."),
+            ("GPUMemoryUsed", "gauge", TS_GPU, "GPU memory in use (NVML), MB."),
+            ("GPUUtilization", "gauge", TS_GPU, "GPU utilisation (NVML), %."),
+            ("HandlerTime", "gauge", TS_MODEL, "Handler time of the latest batch, ms."),
+            ("PredictionTime", "gauge", TS_MODEL, "Worker time of the latest batch, ms."),
+        ]
+        return {name: Family(name, text, kind, labels) for name, kind, labels, text in table}
+
+    def _host(self, name: str) -> Gauge:
+        return self.torchserve[name].gauge(*self.host_labels)
 
     def _own_families(self) -> list[Family]:
         return [
@@ -163,6 +199,7 @@ class FerryMetrics:
             self.process_memory,
             self.gpu_memory,
             self.gpu_utilization,
+            *self.torchserve.values(),
         ]
 
     def families(self) -> list[Family]:
@@ -213,15 +250,21 @@ class FerryMetrics:
         for family in self.families():
             if family.label_names[:2] == MODEL:
                 family.remove_matching((name, version))
+            elif family.label_names[0] == "ModelName":  # TorchServe's: no version label
+                family.remove_matching((name,))
 
     def response_recorder(self, api: str) -> Callable[[int], None]:
         """Counts one API's responses by status class (does nothing when disabled)."""
         if not self.enabled:
             return lambda status: None
-        by_class = {n: self.responses.counter(api, f"{n}xx") for n in range(1, 6)}
+        by_class = {n: [self.responses.counter(api, f"{n}xx")] for n in range(1, 6)}
+        if api == "inference":  # TorchServe's RequestsNXX, as its postman checks expect
+            for n in (2, 4, 5):
+                by_class[n].append(self.torchserve[f"Requests{n}XX"].counter(*self.host_labels))
 
         def record(status: int) -> None:
-            by_class[status // 100].value += 1
+            for counter in by_class[status // 100]:
+                counter.value += 1
 
         return record
 
@@ -240,9 +283,44 @@ class FerryMetrics:
         for reading in readings:
             self.gpu_memory.gauge(str(reading.index)).set(reading.memory_used_bytes)
             self.gpu_utilization.gauge(str(reading.index)).set(reading.utilization_percent)
+            labels = ("Host", str(reading.index), self.hostname)
+            used, total = reading.memory_used_bytes, reading.memory_total_bytes
+            self.torchserve["GPUMemoryUsed"].gauge(*labels).set(used / MB)
+            self.torchserve["GPUMemoryUtilization"].gauge(*labels).set(_percent(used, total))
+            self.torchserve["GPUUtilization"].gauge(*labels).set(reading.utilization_percent)
+
+    def record_host(self, disk_path: str = "/") -> None:
+        """Refresh TorchServe's host gauges at scrape time: CPU use since the last scrape
+        (since boot on the first), memory, and the disk holding ``disk_path``."""
+        if not self.enabled:
+            return
+        busy, total = cpu_jiffies()
+        if total > self._cpu_before[1]:
+            cpu = _percent(busy - self._cpu_before[0], total - self._cpu_before[1])
+            self._host("CPUUtilization").set(cpu)
+            self._cpu_before = (busy, total)
+        memory_total, available = memory_bytes()
+        self._host("MemoryUsed").set((memory_total - available) / MB)
+        self._host("MemoryAvailable").set(available / MB)
+        self._host("MemoryUtilization").set(_percent(memory_total - available, memory_total))
+        try:
+            disk = shutil.disk_usage(disk_path)
+        except OSError:
+            return
+        self._host("DiskUsage").set(disk.used / GB)
+        self._host("DiskAvailable").set(disk.free / GB)
+        self._host("DiskUtilization").set(_percent(disk.used, disk.used + disk.free))
 
     def exposition(self) -> str:
         return render(self.families())
+
+    @property
+    def host_labels(self) -> tuple[str, str]:
+        return ("Host", self.hostname)
+
+
+def _percent(part: float, whole: float) -> float:
+    return round(100 * part / whole, 2) if whole > 0 else 0.0
 
 
 class ModelMetrics:
@@ -263,6 +341,9 @@ class ModelMetrics:
         self._recycles = metrics.worker_recycles.counter(*self.labels)
         self._abandoned = metrics.requests_abandoned.counter(*self.labels)
         self._handler_children: dict[tuple[object, ...], Child] = {}
+        self._queue_time = metrics.torchserve["QueueTime"].gauge(*metrics.host_labels)
+        # Looked up at each use: unloading another version of this model forgets them.
+        self._ts_model = (name, "Model", metrics.hostname)
 
     def request_done(self, seconds: float, queued_seconds: float) -> None:
         if self.enabled:
@@ -275,12 +356,29 @@ class ModelMetrics:
         if self.enabled:
             for waited in queued_seconds:
                 self._queue_seconds.observe(waited)
+                self._queue_time.set(waited * 1000)
             self._batch_size.observe(batch_size)
 
     def stages(self, stage_ms: dict[str, float]) -> None:
         if self.enabled:
             for stage, ms in stage_ms.items():
                 self.metrics.stage_seconds.histogram(*self.labels, stage).observe(ms / 1000)
+            if stage_ms:  # a handler that records HandlerTime itself overrides this
+                self._ts_gauge("HandlerTime").set(sum(stage_ms.values()))
+
+    def batch_done(self, handler_ms: float) -> None:
+        """A batch's time in the worker, handler included (TorchServe's PredictionTime)."""
+        if self.enabled:
+            self._ts_gauge("PredictionTime").set(handler_ms)
+
+    def _ts_gauge(self, name: str) -> Gauge:
+        return self.metrics.torchserve[name].gauge(*self._ts_model)
+
+    def worker_loaded(self, worker: str, milliseconds: float) -> None:
+        """A worker's start-up, model load included (TorchServe's WorkerLoadTime)."""
+        if self.enabled:
+            family = self.metrics.torchserve["WorkerLoadTime"]
+            family.gauge(worker, *self.metrics.host_labels).set(milliseconds)
 
     def worker_restarted(self) -> None:
         if self.enabled:
@@ -300,6 +398,9 @@ class ModelMetrics:
         """A value a handler recorded through ``context.metrics``: counters add up, the
         rest keep their latest value."""
         if not self.enabled:
+            return
+        if name == "HandlerTime" and set(dimensions) <= {"ModelName", "Level"}:
+            self._ts_gauge("HandlerTime").set(value)  # as TorchServe's base handler records it
             return
         dims = tuple(sorted(dimensions))
         key = (name, unit, dims, tuple(dimensions[d] for d in dims))

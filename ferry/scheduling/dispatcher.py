@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -34,6 +35,7 @@ from ferry.errors import (
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import InferenceResponse, Job
+from ferry.worker.codec import ProtocolError
 from ferry.worker.handle import WorkerGone, WorkerHandle
 from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
 
@@ -44,6 +46,8 @@ MAX_ATTEMPTS = 2
 request (see above); a request that fails its worker a second time is answered."""
 MAX_RETURNS = 3
 """Times a request may go back to the queue from a worker that failed before starting it."""
+EXIT_STATUS_WAIT = 5.0
+"""Seconds to wait for a dead worker's exit status (it arrives right after its socket closes)."""
 
 
 class ServeEnd(enum.Enum):
@@ -95,20 +99,25 @@ _KINDS = {kind.value for kind in ErrorKind}
 
 
 class InFlight:
-    """The requests handed to one worker and not yet answered, by request id."""
+    """The requests handed to one worker and not yet answered.
+
+    Kept by identity, not by request id: a client may choose its request id
+    (``x-request-id``), and a request abandoned on a worker may share it with a newer one;
+    each batch's results are matched against that batch's own requests."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[int, Job] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
 
     def add(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
-            self._jobs[job.item.request_id] = job
+            self._jobs[id(job)] = job
 
-    def pop(self, request_id: str) -> Job | None:
-        return self._jobs.pop(request_id, None)
+    def discard(self, job: Job) -> bool:
+        """Forget ``job``; False if it was not held."""
+        return self._jobs.pop(id(job), None) is not None
 
     def pop_all(self) -> list[Job]:
         jobs = list(self._jobs.values())
@@ -201,6 +210,18 @@ class Dispatcher:
                 len(started),
             )
             error = self._died()
+            try:
+                external = await self._killed_from_outside(worker)
+            except asyncio.CancelledError:
+                for job in started + waiting:
+                    job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
+                raise
+            if external:
+                # SIGKILL or SIGTERM from outside (an operator, the OOM killer): the batch
+                # need not be the cause, so even a lone request gets its one retry.
+                self._isolate_or_fail(started, error, lone_is_culprit=False)
+                self._requeue_unstarted(waiting, error)
+                return ServeEnd.FAILED
         except Exception:
             # A garbled frame, a mismatched protocol version or a bug in delivery: the
             # worker's state is unknown, so it goes, and what it held is retried.
@@ -346,7 +367,7 @@ class Dispatcher:
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
         result = await asyncio.wait_for(worker.receive(), self._remaining(exchange))
         if result.batch_id != exchange.batch.batch_id:
-            raise WorkerGone(
+            raise ProtocolError(
                 f"worker {worker.info.pid} answered batch {result.batch_id}, "
                 f"expected {exchange.batch.batch_id}"
             )
@@ -358,32 +379,47 @@ class Dispatcher:
     def _deliver(self, jobs: list[Job], result: BatchResult, held: InFlight) -> None:
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         self.metrics.stages(result.stage_ms)
+        self.metrics.batch_done(result.handler_ms)
         for metric in result.metrics:
             self.metrics.handler_metric(
                 metric.name, metric.value, metric.unit, metric.kind, metric.dimensions
             )
+        by_id = {job.item.request_id: job for job in jobs}
         for item in result.results:
-            job = held.pop(item.request_id)
+            job = by_id.pop(item.request_id, None)
             if job is None:
                 log.warning("%s: result for unknown request %s ignored", self.name, item.request_id)
                 continue
+            held.discard(job)
             outcome = to_outcome(item, len(jobs), job.queued_seconds)
             if isinstance(outcome, FerryError):
                 job.fail(outcome)
             else:
                 job.resolve(outcome)
-        for job in jobs:
-            if held.pop(job.item.request_id) is not None:
+        for job in by_id.values():
+            if held.discard(job):
                 job.fail(HandlerFailed("worker returned no result for this request"))
 
     def _died(self) -> WorkerDied:
         return WorkerDied(f"worker of model {self.name} died while handling the request")
 
-    def _isolate_or_fail(self, jobs: list[Job], error: FerryError) -> None:
+    @staticmethod
+    async def _killed_from_outside(worker: WorkerHandle) -> bool:
+        """Whether the worker was ended by SIGKILL or SIGTERM (its exit status, awaited for
+        a bounded moment: the connection closes just before the process is reaped)."""
+        try:
+            status = await asyncio.wait_for(asyncio.shield(worker.exited), EXIT_STATUS_WAIT)
+        except TimeoutError:
+            return False
+        return status in (-signal.SIGKILL, -signal.SIGTERM)
+
+    def _isolate_or_fail(
+        self, jobs: list[Job], error: FerryError, *, lone_is_culprit: bool = True
+    ) -> None:
         """After a worker failed holding ``jobs`` (one batch): a lone request is the culprit
         and gets ``error``; several are retried one at a time (see the module docstring)."""
         waiting = [job for job in jobs if not job.future.done()]
-        if len(jobs) == 1 or not waiting:
+        if (len(jobs) == 1 and lone_is_culprit) or not waiting:
             for job in waiting:
                 job.fail(error)
             return

@@ -39,6 +39,10 @@ class _RunnerEvents(PoolEvents):
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
+    def worker_loaded(self, slot: int, seconds: float) -> None:
+        runner = self.runner
+        runner.metrics.worker_loaded(f"{runner.name}/{runner.version}/w{slot}", seconds * 1000)
+
     def worker_restarted(self) -> None:
         self.runner.metrics.worker_restarted()
 

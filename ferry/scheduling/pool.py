@@ -108,6 +108,9 @@ class WorkerSlot:
 class PoolEvents:
     """What the pool tells its owner (metrics, queued requests); no-ops by default."""
 
+    def worker_loaded(self, slot: int, seconds: float) -> None:
+        pass
+
     def worker_restarted(self) -> None:
         pass
 
@@ -228,11 +231,13 @@ class WorkerPool:
     async def _one_worker(self, slot: WorkerSlot, backoff: Backoff) -> float | None:
         """Start one worker and serve with it; returns the delay before the next, or None
         to start the next at once."""
+        started = time.monotonic()
         try:
             worker = await self._start_worker(self._spec_for(slot), self._startup_timeout)
         except WorkerStartFailed as failure:
             self._on_start_failed(slot, failure)
             return backoff.next()
+        self._events.worker_loaded(slot.index, time.monotonic() - started)
         slot.worker, slot.state, slot.ready_since = worker, SlotState.READY, time.time()
         slot.load_failures = 0
         slot.first_attempt.set()

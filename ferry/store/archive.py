@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -37,8 +38,12 @@ class ModelArchive:
 
 
 def _within(store: Path, relative: str) -> Path:
-    path = (store / relative).resolve()
-    if not path.is_relative_to(store.resolve()):
+    """``relative`` under ``store``, judged by the name itself, not by where symbolic links
+    point: the store's owner may link archives in from elsewhere (TorchServe's tooling
+    does), while a requested name must not climb out with ``..`` or an absolute path."""
+    base = Path(os.path.abspath(store))
+    path = Path(os.path.abspath(base / relative))
+    if ".." in Path(relative).parts or not path.is_relative_to(base):
         raise ArchiveError(f"{relative!r} is outside the model store")
     return path
 

@@ -19,7 +19,9 @@ def test_segmenter_detector_and_embedder(tmp_path: Path) -> None:
         for image in images:
             mask = client.post("/predictions/segmenter", content=image).json()
             assert len(mask) == 64 and len(mask[0]) == 64
-            assert {value for row in mask for value in row} <= {0, 1, 2, 3}
+            # TorchServe's shape: [class index, probability] per pixel
+            assert {cls for row in mask for cls, _ in row} <= {0, 1, 2, 3}
+            assert all(0 < prob <= 1 for row in mask for _, prob in row)
 
             detections = client.post("/predictions/detector", content=image).json()
             assert isinstance(detections, list)

@@ -96,6 +96,9 @@ def test_gpu_readings_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     text = metrics.exposition()
     assert f'ferry_gpu_memory_used_bytes{{gpu="1"}} {3 * 2**30}' in text
     assert 'ferry_gpu_utilization_percent{gpu="0"} 57' in text
+    assert 'GPUMemoryUsed{Level="Host",DeviceId="1",Hostname="h"} 3072' in text
+    assert 'GPUMemoryUtilization{Level="Host",DeviceId="0",Hostname="h"} 3.75' in text
+    assert 'GPUUtilization{Level="Host",DeviceId="1",Hostname="h"} 57' in text
 
 
 def test_no_nvml_means_no_gpu_readings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,3 +145,90 @@ def test_handler_metrics_cannot_break_the_scrape() -> None:
     )
     assert 'dim_model_name="clash"' in text and '_1d="z"' in text
     assert "dimension set" not in text
+
+
+def _type(text: str, name: str) -> str:
+    return next(line.split()[3] for line in text.splitlines() if line.startswith(f"# TYPE {name} "))
+
+
+def test_torchserve_request_counters_count_inference_responses() -> None:
+    metrics = FerryMetrics(hostname="host")
+    inference = metrics.response_recorder("inference")
+    for status in (200, 201, 404, 503):
+        inference(status)
+    metrics.response_recorder("management")(200)
+    text = metrics.exposition()
+    assert_parseable(text)
+    assert 'Requests2XX{Level="Host",Hostname="host"} 2\n' in text
+    assert 'Requests4XX{Level="Host",Hostname="host"} 1\n' in text
+    assert 'Requests5XX{Level="Host",Hostname="host"} 1\n' in text
+    assert all(_type(text, f"Requests{n}XX") == "counter" for n in (2, 4, 5))
+
+
+def test_torchserve_model_metrics() -> None:
+    metrics = FerryMetrics(hostname="host")
+    model = metrics.for_model("m", "1.0")
+    model.dispatched([0.002, 0.0035], batch_size=2)
+    model.stages({"preprocess": 1.0, "inference": 4.5, "postprocess": 0.5})
+    model.batch_done(7.25)
+    model.worker_loaded("m/1.0/w0", 1500.0)
+    text = metrics.exposition()
+    assert_parseable(text)
+    assert 'QueueTime{Level="Host",Hostname="host"} 3.5\n' in text
+    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host"} 6\n' in text
+    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host"} 7.25\n' in text
+    assert 'WorkerLoadTime{WorkerName="m/1.0/w0",Level="Host",Hostname="host"} 1500\n' in text
+    for name in ("QueueTime", "HandlerTime", "PredictionTime", "WorkerLoadTime"):
+        assert _type(text, name) == "gauge"
+    metrics.forget_model("m", "1.0")
+    assert 'ModelName="m"' not in metrics.exposition()
+    model.batch_done(2.0)  # another version of "m" still serving
+    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host"} 2\n' in (
+        metrics.exposition()
+    )
+
+
+def test_a_handlers_handler_time_is_torchserves_not_a_second_family() -> None:
+    metrics = FerryMetrics(hostname="host")
+    model = metrics.for_model("m", "1.0")
+    model.stages({"handle": 9.0})
+    model.handler_metric("HandlerTime", 8.5, "ms", "time", {"ModelName": "m", "Level": "Model"})
+    model.handler_metric("HandlerTime", 2.0, "ms", "time", {"Extra": "x"})  # not TorchServe's
+    model.handler_metric("PredictionTime", 1.0, "ms", "time", {})
+    text = metrics.exposition()
+    assert_parseable(text)
+    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host"} 8.5\n' in text
+    assert 'handler_HandlerTime{model_name="m",model_version="1.0",unit="ms",Extra="x"} 2' in text
+    assert "handler_PredictionTime{" in text
+
+
+def test_torchserve_host_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferry.metrics import definitions
+
+    readings = iter([(50, 100), (80, 200)])
+    monkeypatch.setattr(definitions, "cpu_jiffies", lambda: next(readings))
+    monkeypatch.setattr(definitions, "memory_bytes", lambda: (4 * 2**30, 2**30))
+    metrics = FerryMetrics(hostname="host")
+    metrics.record_host()
+    first = metrics.exposition()
+    metrics.record_host()
+    text = metrics.exposition()
+    assert_parseable(text)
+    host = '{Level="Host",Hostname="host"}'
+    assert f"CPUUtilization{host} 50\n" in first and f"CPUUtilization{host} 30\n" in text
+    assert f"MemoryUsed{host} 3072\n" in text
+    assert f"MemoryAvailable{host} 1024\n" in text
+    assert f"MemoryUtilization{host} 75\n" in text
+    for name in ("DiskUsage", "DiskAvailable", "DiskUtilization"):
+        assert _type(text, name) == "gauge"
+        value = float(text.split(f"{name}{host} ", 1)[1].split()[0])
+        assert value > 0 and (name != "DiskUtilization" or value <= 100)
+
+
+def test_host_readings_from_proc() -> None:
+    from ferry.procinfo import cpu_jiffies, memory_bytes
+
+    busy, total = cpu_jiffies()
+    assert 0 < busy < total
+    memory_total, available = memory_bytes()
+    assert 0 < available < memory_total

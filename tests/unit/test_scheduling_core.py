@@ -386,3 +386,36 @@ def test_requests_whose_client_hung_up_never_reach_a_worker() -> None:
         await runner.stop()
 
     run(scenario)
+
+
+def test_requests_sharing_a_client_chosen_id_each_get_their_own_answer() -> None:
+    """Clients choose request ids (x-request-id); two batches held by one worker may carry
+    the same one, and each answer must still reach its own request."""
+
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.ECHO), batch_size=1)
+        runner.start()
+        await runner.wait_started()
+        jobs = [make_job(b"first", request_id="same"), make_job(b"second", request_id="same")]
+        for job in jobs:
+            runner.submit(job)
+        assert bodies(await outcomes(jobs)) == [b"first", b"second"]
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_lone_request_whose_worker_was_killed_from_outside_is_retried() -> None:
+    """SIGKILL from an operator (or the OOM killer) says nothing about the request."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.SIGKILLED, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        job = make_job(b"innocent")
+        runner.submit(job)
+        assert bodies(await outcomes([job])) == [b"innocent"]
+        await runner.stop()
+
+    run(scenario)

@@ -1,10 +1,12 @@
+"""TorchServe compatibility: ``ts.utils.util``."""
+
 from ferry.handlers.exceptions import PredictionException
-from ferry.handlers.image_classifier import map_class_to_label
-from ferry.handlers.model_loading import classes_defined_in as list_classes_from_module
 from ferry.handlers.model_loading import load_label_mapping
+from ferry.handlers.ts_utils import get_yaml_config, list_classes_from_module, map_class_to_label
 
 __all__ = [
     "PredictionException",
+    "get_yaml_config",
     "list_classes_from_module",
     "load_label_mapping",
     "map_class_to_label",

@@ -1,0 +1,3 @@
+from ferry.handlers.request_envelope import BaseEnvelope
+
+__all__ = ["BaseEnvelope"]

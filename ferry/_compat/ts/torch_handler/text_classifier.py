@@ -1,0 +1,3 @@
+from ferry.handlers.text_classifier import TextClassifier
+
+__all__ = ["TextClassifier"]

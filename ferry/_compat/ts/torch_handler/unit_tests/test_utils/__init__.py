@@ -1,0 +1,1 @@
+"""TorchServe compatibility: ``ts.torch_handler.unit_tests.test_utils``."""

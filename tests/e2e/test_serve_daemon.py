@@ -1,0 +1,120 @@
+"""``ferry serve --start`` / ``--stop``: TorchServe's background server with a pid file.
+
+The ``--start`` parent returns once the server wrote its ready file; the tests read the
+addresses from that file and find worker processes through /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.cli.daemon import running_pid
+from tests.fixtures.cli import run_ferry, serve_args
+from tests.fixtures.models import echo_store
+from tests.fixtures.polling import wait_until
+from tests.fixtures.processes import children_of, is_running
+
+pytestmark = pytest.mark.e2e
+
+
+@contextmanager
+def _stopped_at_end(pid_file: Path) -> Iterator[None]:
+    """Whatever the test did, the background server it started does not outlive it."""
+    try:
+        yield
+    finally:
+        pid = running_pid(pid_file)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            wait_until("the leftover server to stop", lambda: not is_running(pid))
+
+
+def _start_args(tmp_path: Path, pid_file: Path, *extra: str, **addresses: str) -> list[str]:
+    store = echo_store(tmp_path)
+    ready = tmp_path / "ready.json"
+    return serve_args(
+        store,
+        "--models",
+        "echo.mar",
+        "--ready-file",
+        str(ready),
+        "--pid-file",
+        str(pid_file),
+        "--key-file",
+        str(tmp_path / "key_file.json"),
+        "--start",
+        *extra,
+        **addresses,
+    )
+
+
+def test_start_serves_in_the_background_until_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # --start logs to ./logs by default
+    pid_file = tmp_path / "run" / "ferry.pid"
+    logs = tmp_path / "logs"
+    args = _start_args(tmp_path, pid_file)
+    with _stopped_at_end(pid_file):
+        started = run_ferry(*args)
+        assert started.returncode == 0, started.stderr
+        pid = int(pid_file.read_text())
+        assert started.stdout.strip() == f"Ferry started (pid {pid}); logs in {logs}"
+        assert is_running(pid)
+        workers = children_of(pid)
+        assert workers
+
+        urls = json.loads((tmp_path / "ready.json").read_text())
+        answer = httpx.post(f"{urls['inference']}/predictions/echo", content=b"x", timeout=60)
+        assert answer.status_code == 200
+        access_log = logs / "access_log.log"
+        wait_until(
+            "the access log line",
+            lambda: "path=/predictions/echo status=200" in access_log.read_text(),
+        )
+        ts_log = (logs / "ts_log.log").read_text()
+        assert "inference API listening on" in ts_log and "model echo v1.0" in ts_log
+        assert "ferry.access" not in ts_log and "ferry.worker.output" not in ts_log
+        assert "ferry.worker.output" in (logs / "model_log.log").read_text()
+        assert (logs / "model_metrics.log").exists()
+
+        again = run_ferry(*args)
+        assert again.returncode == 1
+        assert f"Ferry is already running (pid {pid}" in again.stderr
+        assert int(pid_file.read_text()) == pid
+
+        stopped = run_ferry("serve", "--stop", "--pid-file", str(pid_file))
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == f"Ferry stopped (pid {pid})."
+    assert not is_running(pid)
+    wait_until("the workers to go", lambda: not any(is_running(w) for w in workers))
+    assert not pid_file.exists()
+
+
+def test_stop_with_nothing_running_says_so(tmp_path: Path) -> None:
+    result = run_ferry("serve", "--stop", "--pid-file", str(tmp_path / "ferry.pid"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "Ferry is not currently running."
+
+
+def test_a_failed_start_prints_the_log_tail_and_the_servers_exit_code(tmp_path: Path) -> None:
+    pid_file = tmp_path / "ferry.pid"
+    with socket.socket() as held, _stopped_at_end(pid_file):
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = f"http://127.0.0.1:{held.getsockname()[1]}"
+        logs = str(tmp_path / "logs")
+        result = run_ferry(*_start_args(tmp_path, pid_file, "--log-location", logs, inference=busy))
+    assert result.returncode == 2
+    assert "Ferry exited during start-up (2):" in result.stderr
+    assert f"cannot listen on {busy}" in result.stderr
+    assert not pid_file.exists()

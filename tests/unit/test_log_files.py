@@ -1,0 +1,101 @@
+"""Log records routed to TorchServe's log files, and ``--log-config`` files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.logs import apply_log_config, configure_logging
+
+
+@pytest.fixture(autouse=True)
+def restored_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def _read(folder: Path, name: str) -> str:
+    return (folder / name).read_text()
+
+
+def test_each_logger_lands_in_its_torchserve_file_and_nothing_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "logs"
+    configure_logging("plain", "INFO", logs)
+    logging.getLogger("ferry.service").info("general line")
+    logging.getLogger("ferry.access").info("access line")
+    logging.getLogger("ferry.worker.output").info("[echo w0.0 pid 1] model line")
+    logging.getLogger("ferry.worker").info("worker supervisor line")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+    general = _read(logs, "ts_log.log")
+    assert "general line" in general and "worker supervisor line" in general
+    assert "access line" not in general and "model line" not in general
+    assert "access line" in _read(logs, "access_log.log")
+    assert "general line" not in _read(logs, "access_log.log")
+    assert "model line" in _read(logs, "model_log.log")
+    assert "worker supervisor line" not in _read(logs, "model_log.log")
+    assert _read(logs, "model_metrics.log") == ""
+    assert capsys.readouterr().err == ""
+
+
+def test_json_lines_in_files(tmp_path: Path) -> None:
+    configure_logging("json", "INFO", tmp_path)
+    logging.getLogger("ferry.access").info("served", extra={"fields": {"status": 200}})
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    record = json.loads(_read(tmp_path, "access_log.log"))
+    assert record["logger"] == "ferry.access" and record["status"] == 200
+
+
+def test_without_a_location_everything_goes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("plain", "INFO")
+    logging.getLogger("ferry.access").info("access line")
+    assert "ferry.access: access line" in capsys.readouterr().err
+
+
+def test_a_dict_config_replaces_the_set_up(tmp_path: Path) -> None:
+    target = tmp_path / "custom.log"
+    config = {
+        "version": 1,
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(target)}},
+        "root": {"handlers": ["file"], "level": "INFO"},
+    }
+    path = tmp_path / "logging.json"
+    path.write_text(json.dumps(config))
+    apply_log_config(path)
+    logging.getLogger("ferry.service").info("custom line")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    assert "custom line" in target.read_text()
+
+
+def test_log4j2_xml_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "log4j2.xml"
+    path.write_text("<Configuration/>")
+    apply_log_config(path)
+    assert "log4j2 XML is TorchServe's (Java) format; ignored" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["logging.ini", "logging.yaml", "logging.txt"])
+def test_an_unusable_log_config_raises_value_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text("[loggers]\nkeys=root\n" if name.endswith(".ini") else "- a list\n")
+    with pytest.raises(ValueError):
+        apply_log_config(path)
