@@ -9,15 +9,14 @@ import os
 import shutil
 import signal
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fixtures.cli import FERRY
+from tests.fixtures.gate import busy_worker
 from tests.fixtures.load import closed_loop
 from tests.fixtures.models import DEMO_STORE, digest_archive
 from tests.fixtures.polling import wait_until
@@ -119,35 +118,23 @@ def test_requests_whose_client_hung_up_never_reach_a_worker(
     server: RunningServer, tmp_path: Path
 ) -> None:
     """50 abandoned requests used to run anyway, delaying the next one by 5 s."""
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.mkfifo(gate / "release")  # the handler blocks opening it: the worker stays busy
-    holder = threading.Thread(
-        target=lambda: httpx.post(
-            f"{server.url}/predictions/gated", content=b"block:%s" % bytes(gate), timeout=120
+    with busy_worker(server, "gated", tmp_path / "gate"):
+        host, port = server.url.removeprefix("http://").split(":")
+        for index in range(5):
+            body = f"abandoned-{index}".encode()
+            with socket.create_connection((host, int(port)), timeout=30) as client:
+                client.sendall(
+                    b"POST /predictions/gated HTTP/1.1\r\nHost: x\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            # closed before any answer: the client hung up
+        wait_until(
+            "the hang-ups to be noticed",
+            lambda: server.log().count("status=499 model=gated") >= 5,
+            process=server.process,
+            log=server.log_path,
         )
-    )
-    holder.start()
-    wait_until("the worker to be busy", (gate / "started").exists, process=server.process)
-    host, port = server.url.removeprefix("http://").split(":")
-    for index in range(5):
-        body = f"abandoned-{index}".encode()
-        with socket.create_connection((host, int(port)), timeout=30) as client:
-            client.sendall(
-                b"POST /predictions/gated HTTP/1.1\r\nHost: x\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-        # closed before any answer: the client hung up
-    wait_until(
-        "the hang-ups to be noticed",
-        lambda: server.log().count("status=499 model=gated") >= 5,
-        process=server.process,
-        log=server.log_path,
-    )
-    with open(gate / "release", "wb") as release:
-        release.write(b"go")
-    holder.join(timeout=120)
     with server.client() as client:
         assert client.post("/predictions/gated", content=b"after").status_code == 200
     assert 'ferry_requests_abandoned_total{model_name="gated",model_version="1.0"} 5' in (

@@ -5,7 +5,6 @@ the store, an archive linked into the store."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.gate import busy_worker
 from tests.fixtures.models import digest_archive, echo_store, ts_style_archive
 from tests.fixtures.polling import wait_until
 from tests.fixtures.responses import assert_error
@@ -143,33 +143,24 @@ def test_a_missing_startup_model_is_skipped_and_a_linked_one_loads(
 def test_job_queue_size_from_model_config_limits_the_queue(
     server: RunningServer, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.mkfifo(gate / "release")  # the handler blocks opening it: the worker stays busy
     answers: list[int] = []
 
     def post(body: bytes) -> None:
         response = httpx.post(f"{server.url}/predictions/tiny", content=body, timeout=120)
         answers.append(response.status_code)
 
-    held = threading.Thread(target=post, args=(b"block:%s" % bytes(gate),))
-    held.start()
-    wait_until("the worker holds a request", (gate / "started").exists, process=server.process)
-    queued = threading.Thread(target=post, args=(b"queued",))
-    queued.start()
-
     def pending() -> int:
         with server.management() as api:
             (tiny,) = api.get("/models/tiny").json()
         return int(tiny["jobQueueStatus"]["pendingRequests"])
 
-    wait_until("one request queued", lambda: pending() == 1, process=server.process)
-    with server.client() as client:
-        assert_error(
-            client.post("/predictions/tiny", content=b"x"), 503, "ServiceUnavailableException"
-        )
-    with open(gate / "release", "wb") as release:
-        release.write(b"go")
-    held.join(timeout=120)
+    with busy_worker(server, "tiny", tmp_path / "gate") as held:
+        queued = threading.Thread(target=post, args=(b"queued",))
+        queued.start()
+        wait_until("one request queued", lambda: pending() == 1, process=server.process)
+        with server.client() as client:
+            assert_error(
+                client.post("/predictions/tiny", content=b"x"), 503, "ServiceUnavailableException"
+            )
     queued.join(timeout=120)
-    assert answers == [200, 200]
+    assert held == [200] and answers == [200]
