@@ -49,6 +49,7 @@ from ferry.service_types import (
     RegisterRequest,
     Registration,
 )
+from ferry.snapshots import ServerSnapshot, VersionSnapshot, snapshot_folder, write_snapshot
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
 from ferry.store.remote import (
@@ -313,6 +314,7 @@ class FerryService:
                 runner.settings.max_batch_delay * 1000,
                 runner.settings.torch_threads,
             )
+        self._snapshot_changed("startup")
 
     def _startup_entries(
         self, store: Path, entries: tuple[str, ...]
@@ -411,8 +413,10 @@ class FerryService:
                 task = asyncio.create_task(removed_if_fails(download, self._unless_loaded(entry)))
                 self._background.add(task)
                 task.add_done_callback(self._background_done)
+                self._snapshot_changed()
                 return Registration(ref, workers, ready=False)
             await self._unless_loaded(entry)
+        self._snapshot_changed()
         return Registration(ref, workers, ready=True)
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
@@ -442,6 +446,7 @@ class FerryService:
         await entry.runner.stop()
         await asyncio.to_thread(entry.archive.free)  # its workers are gone
         self.metrics.forget_model(entry.archive.name, entry.archive.version)
+        self._snapshot_changed()
         return ModelRef(entry.archive.name, entry.archive.version)
 
     async def scale(
@@ -457,11 +462,45 @@ class FerryService:
             if refusal is not None:
                 raise InvalidRequest(refusal)
         await entry.runner.scale(min_worker, max_worker, wait=synchronous)
+        self._snapshot_changed()
         ref = ModelRef(entry.archive.name, entry.archive.version)
         return Registration(ref, len(entry.runner.slots), ready=synchronous)
 
     def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
+        self._snapshot_changed()
+
+    def snapshot_state(self) -> ServerSnapshot:
+        """Every registered version with its source, default flag and scaling: what a
+        restart needs to bring the models back (``ferry.snapshots``)."""
+        versions = []
+        for entry in self.registry.all_versions():
+            archive, runner = entry.archive, entry.runner
+            versions.append(
+                VersionSnapshot(
+                    model=archive.name,
+                    version=archive.version,
+                    source=archive.source,
+                    is_default=self.registry.default_version(archive.name) == archive.version,
+                    min_workers=len(runner.slots),
+                    max_workers=runner.max_workers,
+                    batch_size=runner.settings.batch_size,
+                    max_batch_delay_ms=runner.settings.max_batch_delay * 1000,
+                    response_timeout=runner.settings.response_timeout,
+                )
+            )
+        return ServerSnapshot(self.settings.model_store, tuple(versions))
+
+    def _snapshot_changed(self, kind: str = "snapshot") -> None:
+        """Write a snapshot unless snapshots are off. A few hundred bytes, written in the
+        loop; a failure is logged and never fails the change itself."""
+        folder = snapshot_folder(self.settings)
+        if folder is None:
+            return
+        try:
+            write_snapshot(folder, self.snapshot_state(), kind)
+        except OSError as error:
+            log.warning("cannot write a model snapshot in %s: %s", folder, error)
 
     def describe(self, name: str, version: str | None) -> list[ModelStatus]:
         """One version (the default when None), or every version for ``all``."""

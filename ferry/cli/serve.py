@@ -78,9 +78,13 @@ def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
         help="Python logging config replacing Ferry's: fileConfig INI (.ini, .conf, .cfg) "
         "or dictConfig .json / .yaml; TorchServe's log4j2 .xml is ignored with a warning",
     )
-    # Ferry keeps no config snapshots: accepted for drop-in scripts.
     parser.add_argument(
-        "--ncs", "--no-config-snapshots", action="store_true", help=argparse.SUPPRESS
+        "--ncs",
+        "--no-config-snapshots",
+        dest="config_snapshots",
+        action="store_const",
+        const="false",
+        help="neither restore nor write model snapshots (config_snapshots=false)",
     )
 
 
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ferry.logs import apply_log_config, configure_logging
     from ferry.server import run_server
+    from ferry.snapshots import restore_snapshot
 
     settings = settings_from_args(args)
     configure_logging(settings.log_format, settings.log_level, settings.log_location)
@@ -139,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
             apply_log_config(args.log_config)
         except (OSError, ValueError) as error:
             raise ConfigError(f"--log-config {args.log_config}: {error}") from None
+    settings = restore_snapshot(settings)  # a source like the others, once logging is set
     if settings.model_store is not None and not settings.model_store.is_dir():
         raise ConfigError(f"model store {settings.model_store} is not a folder")
     return _run_loop(run_server(settings))

@@ -143,6 +143,10 @@ class ServerSettings:
     """Folder for TorchServe's log files (``ts_log.log``, ``access_log.log``,
     ``model_log.log``, ``model_metrics.log``) instead of stderr; ``ferry serve --start``
     uses ``logs`` when unset."""
+    config_snapshots: bool = True
+    """Keep model snapshots in ``<log_location>/config/`` and restore the latest at a start
+    without ``--models`` (``ferry.snapshots``); none without ``log_location``. ``--ncs``
+    turns them off."""
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""
 

@@ -1,0 +1,56 @@
+"""Model snapshots across restarts: what the management API changed comes back, unless --ncs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from ferry.snapshots import latest_snapshot
+from tests.fixtures.models import digest_archive
+from tests.fixtures.server import ferry_server
+
+
+def _ok(response: httpx.Response) -> None:
+    assert response.status_code == 200, response.text
+
+
+def test_registered_models_and_scaling_survive_a_restart_unless_ncs(tmp_path: Path) -> None:
+    store, logs = tmp_path / "store", tmp_path / "logs"
+    store.mkdir()
+    digest_archive(store, "digest")
+    digest_archive(store, "digest", version="2.0", file_stem="digest_v2")
+    snapshots = ("--enable-model-api", "--log-location", str(logs))
+
+    with ferry_server(store, [], tmp_path, *snapshots) as server, server.management() as api:
+        for url in ("digest.mar", "digest_v2.mar"):
+            registration = {
+                "url": url,
+                "initial_workers": 1,
+                "synchronous": "true",
+                "batch_size": 4,
+            }
+            _ok(api.post("/models", params=registration))
+        _ok(api.put("/models/digest/2.0/set-default"))
+        _ok(api.put("/models/digest/2.0", params={"min_worker": 2, "synchronous": "true"}))
+    after_changes = latest_snapshot(logs / "config")
+    assert after_changes is not None and after_changes.name.endswith("-snapshot.cfg")
+
+    with ferry_server(store, [], tmp_path, *snapshots) as server, server.management() as api:
+        (default,) = api.get("/models/digest").json()
+        assert default["modelVersion"] == "2.0" and default["loadedAtStartup"] is True
+        assert default["minWorkers"] == 2 and default["batchSize"] == 4
+        assert [w["status"] for w in default["workers"]] == ["READY", "READY"]
+        (first,) = api.get("/models/digest/1.0").json()
+        assert first["minWorkers"] == 1 and first["batchSize"] == 4
+        with server.client() as inference:
+            assert inference.post("/predictions/digest", content=b"x").status_code == 200
+    restarted = latest_snapshot(logs / "config")
+    assert restarted is not None and restarted.name.endswith("-startup.cfg")
+
+    with (
+        ferry_server(store, [], tmp_path, *snapshots, "--ncs") as server,
+        server.management() as api,
+    ):
+        assert api.get("/models").json() == {"models": []}
+    assert latest_snapshot(logs / "config") == restarted  # --ncs writes none either
