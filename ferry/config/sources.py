@@ -42,24 +42,24 @@ def _integer(minimum: int) -> Parser:
     return parse
 
 
-def _seconds(key: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{key}: expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{key}: must be a positive number of seconds, got {text}")
-    return value
+def _finite(unit: str, *, zero_allowed: bool) -> Parser:
+    """A finite number of ``unit``: positive, or also 0 when ``zero_allowed``."""
+    bound = "a finite number >= 0" if zero_allowed else f"a positive number of {unit}"
+
+    def parse(key: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number of {unit}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+            raise ConfigError(f"{key}: must be {bound}, got {text}")
+        return value
+
+    return parse
 
 
-def _milliseconds(key: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{key}: expected a number of milliseconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{key}: must be a finite number >= 0, got {text}")
-    return value
+_seconds = _finite("seconds", zero_allowed=False)
+_milliseconds = _finite("milliseconds", zero_allowed=True)
 
 
 def _boolean(key: str, text: str) -> bool:
