@@ -34,7 +34,7 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
-from ferry.scheduling.jobs import Job, next_request_id
+from ferry.scheduling.jobs import Job, StreamedPart, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.placement import model_gpus
 from ferry.scheduling.pool import RecyclePolicy
@@ -44,7 +44,9 @@ from ferry.service_types import (
     InputPart,
     ModelPage,
     ModelRef,
+    OnPredictionPart,
     Prediction,
+    PredictionPart,
     Readiness,
     RegisterRequest,
     Registration,
@@ -120,15 +122,23 @@ class FerryService:
         parts: list[InputPart],
         headers: dict[str, str],
         on_hang_up: OnHangUp | None = None,
+        on_part: OnPredictionPart | None = None,
     ) -> Prediction:
         """Queue a request and await its answer. ``on_hang_up`` lets the transport say when
         the client goes away: the request is then answered with ``ClientGone`` and dropped
-        before it reaches a worker."""
+        before it reaches a worker. Parts a handler streams go to ``on_part`` as they come;
+        a transport that cannot stream passes none, and gets them joined before the last
+        part in the answer's body."""
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
         request_id = self._choose_request_id(headers.get("x-request-id", ""))
-        job = Job(messages.RequestItem(request_id, headers, wire_parts), loop.create_future())
+        joined: list[bytes] = []
+        job = Job(
+            messages.RequestItem(request_id, headers, wire_parts),
+            loop.create_future(),
+            self._part_sink(request_id, on_part, joined),
+        )
         try:
             runner.submit(job)
             if on_hang_up is not None:
@@ -139,13 +149,14 @@ class FerryService:
                 runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
         finally:
             self._client_request_ids.discard(request_id)
-        if len(answer.body) > self.settings.max_response_size:
+        body = b"".join([*joined, answer.body])
+        if len(body) > self.settings.max_response_size:
             raise ResponseTooLarge(
-                f"response of {len(answer.body)} bytes exceeds max_response_size "
+                f"response of {len(body)} bytes exceeds max_response_size "
                 f"{self.settings.max_response_size}"
             )
         return Prediction(
-            answer.body,
+            body,
             answer.content_type,
             answer.status,
             answer.headers,
@@ -153,6 +164,23 @@ class FerryService:
             answer.queued_seconds,
             request_id,
         )
+
+    def _part_sink(
+        self, request_id: str, on_part: OnPredictionPart | None, joined: list[bytes]
+    ) -> Callable[[StreamedPart], None]:
+        """Where a request's streamed parts go: the transport, or ``joined`` (bounded by
+        ``max_response_size``; past it the request fails)."""
+        limit = self.settings.max_response_size
+
+        def sink(part: StreamedPart) -> None:
+            if on_part is not None:
+                on_part(PredictionPart(part.body, part.content_type, part.status, request_id))
+                return
+            joined.append(part.body)
+            if sum(len(body) for body in joined) > limit:
+                raise ResponseTooLarge(f"streamed response exceeds max_response_size {limit} bytes")
+
+        return sink
 
     def _choose_request_id(self, wanted: str) -> str:
         """The client's id when it is usable: at most 128 visible ASCII characters, not

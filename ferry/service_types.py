@@ -4,6 +4,7 @@ gRPC) speak only these and ``ferry.errors``; they never import scheduling or wor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -29,6 +30,20 @@ class Prediction:
     queued_seconds: float = 0.0
     request_id: str = ""
     """The id the request ran under: the client's ``x-request-id`` or a generated one."""
+
+
+@dataclass(frozen=True)
+class PredictionPart:
+    """A part of the answer a handler streamed ahead of its last one
+    (``send_intermediate_predict_response``)."""
+
+    body: bytes
+    content_type: str
+    status: int
+    request_id: str
+
+
+OnPredictionPart = Callable[[PredictionPart], None]
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,9 @@ __all__ = [
     "InputPart",
     "ModelPage",
     "ModelRef",
+    "OnPredictionPart",
     "Prediction",
+    "PredictionPart",
     "Readiness",
     "RegisterRequest",
     "Registration",

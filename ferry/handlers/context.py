@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ferry import __version__
@@ -44,6 +46,20 @@ class RequestProcessor:
         return self._response_header.get(key)
 
 
+@dataclass(frozen=True)
+class IntermediateResponse:
+    """One part a handler streamed before its final answer."""
+
+    request_id: str
+    output: Any
+    status: int
+    message: str
+
+
+PartialSender = Callable[[IntermediateResponse], None]
+"""Where a worker sends a handler's streamed parts (see ``Context.send_intermediate``)."""
+
+
 class Context:
     """What a handler knows about its model, worker and current batch."""
 
@@ -78,6 +94,22 @@ class Context:
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self.image_limits = image_limits or ImageLimits()
         """The server's image settings, which the built-in vision handlers enforce."""
+        self.intermediate_responses: list[IntermediateResponse] = []
+        """Parts streamed while no worker listens (a handler's unit test reads them here)."""
+        self._partial_sender: PartialSender | None = None
+
+    def stream_to(self, sender: PartialSender | None) -> None:
+        """Send streamed parts to ``sender`` (the worker's connection) from now on."""
+        self._partial_sender = sender
+
+    def send_intermediate(self, part: IntermediateResponse) -> None:
+        """Stream one part of a request's answer ahead of the final one."""
+        if part.request_id not in self.request_ids.values():
+            raise ValueError(f"request {part.request_id!r} is not in the current batch")
+        if self._partial_sender is None:
+            self.intermediate_responses.append(part)
+        else:
+            self._partial_sender(part)
 
     @property
     def system_properties(self) -> dict[str, Any]:

@@ -61,16 +61,6 @@ def get_yaml_config(yaml_file_path: str | Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def send_intermediate_predict_response(
-    ret: Any, req_id_map: Any, message: str, code: int, context: Any
-) -> None:
-    """TorchServe's streamed partial answer; Ferry answers each request once."""
-    raise NotImplementedError(
-        "streaming partial responses is not supported by Ferry yet: return the whole "
-        "answer from handle() instead of calling send_intermediate_predict_response"
-    )
-
-
 def list_classes_from_module(module: ModuleType, parent_class: type | None = None) -> list[type]:
     """The classes defined in ``module`` itself (not imported), subclasses of
     ``parent_class`` when given."""

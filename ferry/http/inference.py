@@ -16,6 +16,7 @@ from ferry.http.errors import error_response, exception_handlers
 from ferry.http.hang_up import on_hang_up
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
+from ferry.http.streaming import prediction_response
 from ferry.service import FerryService
 from ferry.service_types import Prediction
 
@@ -84,15 +85,12 @@ def inference_app(service: FerryService) -> Starlette:
             version = service.admit(model, version).version
             parts = await read_parts(request, limit)
             headers = {k.lower(): v for k, v in request.headers.items()}
-            answer = await service.predict(
-                model, version, parts, headers, on_hang_up(request.scope)
+            response, events = await prediction_response(
+                lambda on_part: service.predict(
+                    model, version, parts, headers, on_hang_up(request.scope), on_part
+                )
             )
-            response = Response(
-                answer.body,
-                status_code=answer.status,
-                headers={**answer.headers, "x-request-id": answer.request_id},
-                media_type=answer.content_type,
-            )
+            answer = events.answer
         except FerryError as error:
             response = error_response(error)
         record(response.status_code)

@@ -34,10 +34,10 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
-from ferry.scheduling.jobs import InferenceResponse, Job
+from ferry.scheduling.jobs import InferenceResponse, Job, StreamedPart
 from ferry.worker.codec import ProtocolError
 from ferry.worker.handle import WorkerGone, WorkerHandle
-from ferry.worker.messages import BatchResult, ItemResult, PredictBatch
+from ferry.worker.messages import BatchResult, ItemResult, PartialResult, PredictBatch
 
 log = logging.getLogger("ferry.scheduling")
 
@@ -365,13 +365,23 @@ class Dispatcher:
         return exchange
 
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
-        result = await asyncio.wait_for(worker.receive(), self._remaining(exchange))
-        if result.batch_id != exchange.batch.batch_id:
-            raise ProtocolError(
-                f"worker {worker.info.pid} answered batch {result.batch_id}, "
-                f"expected {exchange.batch.batch_id}"
-            )
-        return result
+        """The batch's result; parts its handler streamed first go to their jobs."""
+        while True:
+            message = await asyncio.wait_for(worker.receive(), self._remaining(exchange))
+            if message.batch_id != exchange.batch.batch_id:
+                raise ProtocolError(
+                    f"worker {worker.info.pid} answered batch {message.batch_id}, "
+                    f"expected {exchange.batch.batch_id}"
+                )
+            if isinstance(message, BatchResult):
+                return message
+            self._pass_on(exchange, message)
+
+    def _pass_on(self, exchange: Exchange, part: PartialResult) -> None:
+        job = next((j for j in exchange.jobs if j.item.request_id == part.request_id), None)
+        if job is None:
+            raise ProtocolError(f"worker streamed a part for unknown request {part.request_id}")
+        job.stream(StreamedPart(part.body, part.content_type, part.status))
 
     def _remaining(self, exchange: Exchange) -> float:
         return max(0.0, exchange.deadline - self._clock())
@@ -423,7 +433,8 @@ class Dispatcher:
             for job in waiting:
                 job.fail(error)
             return
-        suspects = [job for job in waiting if job.attempts < MAX_ATTEMPTS]
+        # A request that streamed parts is not run again: its client has them already.
+        suspects = [job for job in waiting if job.attempts < MAX_ATTEMPTS and not job.streamed]
         for job in waiting:
             if job not in suspects:
                 job.fail(error)

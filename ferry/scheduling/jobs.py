@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ferry.errors import FerryError
 from ferry.worker.messages import RequestItem
 
 _request_ids = itertools.count(1)
@@ -27,10 +29,26 @@ class InferenceResponse:
     queued_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class StreamedPart:
+    """A part of the answer the handler streamed before its last one."""
+
+    body: bytes
+    content_type: str
+    status: int
+
+
+OnPart = Callable[[StreamedPart], None]
+
+
 @dataclass
 class Job:
     item: RequestItem
     future: asyncio.Future[InferenceResponse]
+    on_part: OnPart | None = None
+    """Where the parts the handler streams go (dropped without it)."""
+    streamed: int = 0
+    """Parts passed on so far: a job that streamed is never run again."""
     attempts: int = 0
     """Times a worker started on it."""
     returns: int = 0
@@ -38,6 +56,16 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     queued_seconds: float = 0.0
     """Arrival to first dispatch to a worker."""
+
+    def stream(self, part: StreamedPart) -> None:
+        if self.future.done():
+            return
+        self.streamed += 1
+        if self.on_part is not None:
+            try:
+                self.on_part(part)
+            except FerryError as error:  # e.g. the parts outgrew max_response_size
+                self.fail(error)
 
     def resolve(self, response: InferenceResponse) -> None:
         if not self.future.done():

@@ -14,6 +14,7 @@ from ferry.worker.messages import (
     InputPart,
     ItemResult,
     Message,
+    PartialResult,
     PredictBatch,
     RequestItem,
     StartWorker,
@@ -24,7 +25,7 @@ from ferry.worker.messages import (
 FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
-_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START = 1, 2, 3, 4, 5
+_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL = 1, 2, 3, 4, 5, 6
 
 
 class ProtocolError(Exception):
@@ -45,6 +46,9 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
         ]
         metrics = [[m.name, m.value, m.unit, m.kind, m.dimensions] for m in message.metrics]
         return _RESULT, [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
+    if isinstance(message, PartialResult):
+        m = message
+        return _PARTIAL, [m.batch_id, m.request_id, m.body, m.content_type, m.status]
     if isinstance(message, WorkerReady):
         return _READY, [message.pid, message.device]
     if isinstance(message, StartWorker):
@@ -86,6 +90,8 @@ def decode(payload: bytes) -> Message:
                 [HandlerMetricValue(*m) for m in metrics],
                 stage_ms,
             )
+        if kind == _PARTIAL:
+            return PartialResult(*fields)
         if kind == _READY:
             return WorkerReady(*fields)
         if kind == _LOAD_FAILED:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ferry.worker.messages import BatchResult, PredictBatch
+from ferry.worker.messages import BatchResult, PartialResult, PredictBatch
 from ferry.worker.spec import WorkerSpec
 
 
@@ -77,8 +77,8 @@ class WorkerHandle(Protocol):
         """Hand a batch to the worker; returns once it is written out."""
         ...
 
-    async def receive(self) -> BatchResult:
-        """The result of the batch sent last."""
+    async def receive(self) -> BatchResult | PartialResult:
+        """The next message about the oldest batch sent: parts it streamed, then its result."""
         ...
 
     def kill(self) -> None:

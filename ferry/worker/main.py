@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import socket
+import threading
 from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
@@ -43,7 +44,21 @@ def read_message(stream: BinaryIO) -> Message | None:
     return None if payload is None else codec.decode(payload)
 
 
-def _load(spec: WorkerSpec) -> tuple[BatchRunner, str]:
+class FrameSender:
+    """Writes whole frames to the frontend; a lock keeps frames whole when a pipelined
+    handler streams parts from its stage threads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def __call__(self, message: Message) -> None:
+        frame = codec.encode(message)
+        with self._lock:
+            self._sock.sendall(frame)
+
+
+def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
     """The batch runner over the loaded handler, and the device the handler chose."""
     ready = load_handler(
         spec.model_dir,
@@ -55,7 +70,7 @@ def _load(spec: WorkerSpec) -> tuple[BatchRunner, str]:
         name=spec.model_name,
         image_limits=spec.image_limits,
     )
-    return BatchRunner(ready.entry, ready.context), _chosen_device(ready.instance, spec)
+    return BatchRunner(ready.entry, ready.context, send), _chosen_device(ready.instance, spec)
 
 
 def _chosen_device(handler: object, spec: WorkerSpec) -> str:
@@ -68,17 +83,18 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
 
 
 def serve(sock: socket.socket, reader: BinaryIO, spec: WorkerSpec) -> int:
+    send = FrameSender(sock)
     try:
-        runner, device = _load(spec)
+        runner, device = _load(spec, send)
     except Exception as exc:
         log.exception("handler failed to load")
-        sock.sendall(codec.encode(WorkerLoadFailed(f"{type(exc).__name__}: {exc}")))
+        send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
-    sock.sendall(codec.encode(WorkerReady(os.getpid(), device)))
+    send(WorkerReady(os.getpid(), device))
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):
             raise codec.ProtocolError(f"worker got unexpected {type(message).__name__}")
-        sock.sendall(codec.encode(runner.run(message)))
+        send(runner.run(message))
     return 0
 
 

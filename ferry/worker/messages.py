@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 2
-"""2: the worker gets its spec as the first frame (``StartWorker``), not on its command line."""
+PROTOCOL_VERSION = 3
+"""2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
+3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,19 @@ class ItemResult:
     headers: dict[str, str] = field(default_factory=dict)
     error_kind: str = ""
     message: str = ""
+
+
+@dataclass(frozen=True)
+class PartialResult:
+    """One streamed part of a request's answer, sent while its batch still runs
+    (TorchServe's ``send_intermediate_predict_response``); the ``BatchResult`` that ends
+    the batch carries the request's last part."""
+
+    batch_id: int
+    request_id: str
+    body: bytes
+    content_type: str
+    status: int = 200
 
 
 @dataclass(frozen=True)
@@ -88,4 +102,4 @@ class WorkerLoadFailed:
     message: str
 
 
-Message = PredictBatch | BatchResult | StartWorker | WorkerReady | WorkerLoadFailed
+Message = PredictBatch | BatchResult | PartialResult | StartWorker | WorkerReady | WorkerLoadFailed

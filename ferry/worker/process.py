@@ -15,6 +15,7 @@ from ferry.worker.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStar
 from ferry.worker.messages import (
     BatchResult,
     Message,
+    PartialResult,
     PredictBatch,
     StartWorker,
     WorkerLoadFailed,
@@ -112,9 +113,9 @@ class WorkerProcess:
         except ConnectionError as exc:
             raise WorkerGone(f"worker {self.pid} is gone") from exc
 
-    async def receive(self) -> BatchResult:
+    async def receive(self) -> BatchResult | PartialResult:
         message = await self._receive()
-        if not isinstance(message, BatchResult):
+        if not isinstance(message, BatchResult | PartialResult):
             raise codec.ProtocolError(f"worker {self.pid} sent {type(message).__name__}")
         return message
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ferry.errors import InvalidInput
-from ferry.handlers.context import Context
+from ferry.handlers.context import Context, IntermediateResponse
 from ferry.handlers.exceptions import PredictionException
 from ferry.handlers.loader import EntryPoint
 from ferry.worker.log_forward import request_ids
@@ -15,6 +16,7 @@ from ferry.worker.messages import (
     BatchResult,
     HandlerMetricValue,
     ItemResult,
+    PartialResult,
     PredictBatch,
     RequestItem,
 )
@@ -38,12 +40,24 @@ def _error(item: RequestItem, exc: BaseException) -> ItemResult:
 class BatchRunner:
     """Calls the handler's entry point; isolates a failing request from the rest of its batch."""
 
-    def __init__(self, entry_point: EntryPoint, context: Context) -> None:
+    def __init__(
+        self,
+        entry_point: EntryPoint,
+        context: Context,
+        send_partial: Callable[[PartialResult], None] | None = None,
+    ) -> None:
         self.entry_point = entry_point
         self.context = context
+        self.send_partial = send_partial
+        self._streamed: set[str] = set()
+        """Requests of the current batch that have sent a part: never run twice."""
 
     def run(self, batch: PredictBatch) -> BatchResult:
         start = time.perf_counter()
+        self._streamed = set()
+        if self.send_partial is not None:
+            send = self.send_partial
+            self.context.stream_to(lambda part: send(self._partial(batch.batch_id, part)))
         results = self._run_items(batch.items, isolate_on_error=True)
         elapsed_ms = (time.perf_counter() - start) * 1000
         # Drained every batch: the frontend aggregates them, the worker keeps nothing.
@@ -53,6 +67,13 @@ class BatchRunner:
         ]
         stages = dict(self.context.stage_ms) or {"handle": elapsed_ms}
         return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages)
+
+    def _partial(self, batch_id: int, part: IntermediateResponse) -> PartialResult:
+        index = next(i for i, rid in self.context.request_ids.items() if rid == part.request_id)
+        content_type = self.context.get_response_content_type(index)
+        body, content_type = encode_output(part.output, content_type)
+        self._streamed.add(part.request_id)
+        return PartialResult(batch_id, part.request_id, body, content_type, part.status)
 
     def _run_items(self, items: list[RequestItem], *, isolate_on_error: bool) -> list[ItemResult]:
         rows: list[Any] = []
@@ -78,11 +99,17 @@ class BatchRunner:
                 outputs = self.entry_point(rows, self.context)
             except Exception as exc:
                 if isolate_on_error and len(items) > 1:
-                    # One bad request must not fail its neighbours: retry each alone.
+                    # One bad request must not fail its neighbours: retry each alone (but
+                    # not one that already streamed parts: its client has them).
                     log.warning(
                         "batch of %d failed (%s); retrying requests one by one", len(items), exc
                     )
-                    return [self._run_items([item], isolate_on_error=False)[0] for item in items]
+                    return [
+                        _error(item, exc)
+                        if item.request_id in self._streamed
+                        else self._run_items([item], isolate_on_error=False)[0]
+                        for item in items
+                    ]
                 log.exception("handler failed")
                 return [_error(item, exc) for item in items]
         if not isinstance(outputs, list) or len(outputs) != len(items):

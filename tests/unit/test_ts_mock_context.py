@@ -113,14 +113,14 @@ def test_explain_calls_get_insights_when_the_request_asks(model_dir: Path) -> No
 
 
 @pytest.mark.usefixtures("ts")
-def test_streaming_partial_responses_are_refused_clearly(model_dir: Path) -> None:
+def test_streamed_parts_are_kept_on_the_context_in_a_unit_test(model_dir: Path) -> None:
     send_intermediate_predict_response = ts_module(
         "protocol.otf_message_handler"
     ).send_intermediate_predict_response
 
     context = _context(model_dir)
-    with pytest.raises(NotImplementedError, match="streaming partial responses"):
-        send_intermediate_predict_response(["part"], context.request_ids, "ok", 200, context)
+    send_intermediate_predict_response(["part"], context.request_ids, "ok", 200, context)
+    assert [(r.output, r.status) for r in context.intermediate_responses] == [("part", 200)]
 
 
 @pytest.mark.usefixtures("ts")

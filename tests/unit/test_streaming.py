@@ -1,0 +1,188 @@
+"""Streamed answers (``send_intermediate_predict_response``): from the handler through the
+worker's runner and the dispatcher to the request, in order, never run twice."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry.errors import HandlerFailed, WorkerDied
+from ferry.handlers.context import Context, IntermediateResponse
+from ferry.handlers.mock_context import MockContext
+from ferry.handlers.streaming import send_intermediate_predict_response
+from ferry.scheduling.jobs import StreamedPart
+from ferry.worker.messages import (
+    InputPart,
+    ItemResult,
+    Message,
+    PartialResult,
+    PredictBatch,
+    RequestItem,
+)
+from ferry.worker.runner import BatchRunner
+from tests.fixtures.fake_worker import Behaviour, FakeFactory, make_job, outcomes
+from tests.unit.test_scheduling_core import bodies, run, runner_with
+
+
+def _batch(*bodies: bytes) -> PredictBatch:
+    items = [
+        RequestItem(f"q{i}", {}, [InputPart("body", "text/plain", body)])
+        for i, body in enumerate(bodies)
+    ]
+    return PredictBatch(7, items)
+
+
+def _context(tmp_path: Path) -> Context:
+    return Context("m", str(tmp_path), {"model": {}}, 4, None)
+
+
+class StreamingEntry:
+    """Streams each request's words one by one, then answers ``done``; a request whose
+    body is ``boom`` makes the batch raise after the parts went out."""
+
+    def __call__(self, rows: list[dict[str, Any]], context: Context) -> list[Any]:
+        texts = [row["body"] for row in rows]  # text/plain bodies arrive decoded
+        words = [text.split() for text in texts]
+        for step in range(max(len(w) for w in words)):
+            ret = [w[step] if step < len(w) else "" for w in words]
+            send_intermediate_predict_response(ret, context.request_ids, "part", 200, context)
+        if "boom" in texts:
+            raise RuntimeError("failed after streaming")
+        return ["done"] * len(rows)
+
+
+def test_the_runner_sends_each_part_ahead_of_the_result(tmp_path: Path) -> None:
+    sent: list[Message] = []
+    runner = BatchRunner(StreamingEntry(), _context(tmp_path), sent.append)
+    result = runner.run(_batch(b"a b", b"c"))
+    assert [r.body for r in result.results] == [b"done", b"done"]
+    assert sent == [
+        PartialResult(7, "q0", b"a", "text/plain; charset=utf-8", 200),
+        PartialResult(7, "q1", b"c", "text/plain; charset=utf-8", 200),
+        PartialResult(7, "q0", b"b", "text/plain; charset=utf-8", 200),
+        PartialResult(7, "q1", b"", "text/plain; charset=utf-8", 200),
+    ]
+
+
+def test_a_request_that_streamed_is_not_run_again_when_its_batch_fails(tmp_path: Path) -> None:
+    """Retrying it alone would send its client the same parts twice."""
+    sent: list[Message] = []
+    runner = BatchRunner(StreamingEntry(), _context(tmp_path), sent.append)
+    result = runner.run(_batch(b"x", b"boom"))
+    assert [r.error_kind for r in result.results] == ["handler", "handler"]
+    assert all("failed after streaming" in r.message for r in result.results)
+    assert len(sent) == 2  # the one step of the batch, never repeated
+
+
+def test_a_part_for_a_request_outside_the_batch_is_refused(tmp_path: Path) -> None:
+    context = _context(tmp_path)
+    context.start_batch(["q0"], [{}])
+    with pytest.raises(ValueError, match="not in the current batch"):
+        send_intermediate_predict_response(["x"], {0: "elsewhere"}, "part", 200, context)
+    with pytest.raises(ValueError, match="no request for output 1"):
+        send_intermediate_predict_response(["x", "y"], context.request_ids, "part", 200, context)
+    with pytest.raises(TypeError, match="needs the handler's context"):
+        send_intermediate_predict_response(["x"], context.request_ids, "part", 200)
+
+
+def test_a_mock_context_keeps_streamed_parts_for_the_handlers_unit_test(tmp_path: Path) -> None:
+    context = MockContext(model_pt_file=None, model_dir=str(tmp_path))
+    send_intermediate_predict_response(["hello"], context.request_ids, "part", 200, context)
+    assert context.intermediate_responses == [
+        IntermediateResponse("mock-request-0", "hello", 200, "part")
+    ]
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def add(self, part: StreamedPart) -> None:
+        self.bodies.append(part.body)
+
+
+def test_parts_reach_their_request_in_order_before_its_answer() -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.STREAM), batch_size=2)
+        runner.start()
+        await runner.wait_started()
+        received = {b"a": Collected(), b"b": Collected()}
+        jobs = [make_job(body, on_part=received[body].add) for body in received]
+        for job in jobs:
+            runner.submit(job)
+        assert bodies(await outcomes(jobs)) == [b"a", b"b"]
+        assert [c.bodies for c in received.values()] == [[b"part1:", b"part2:"]] * 2
+        assert all(job.streamed == 2 for job in jobs)
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_requests_that_streamed_are_answered_not_retried_when_the_worker_dies() -> None:
+    """Batch-mates are normally retried one by one on a fresh worker; one that streamed
+    parts is answered with the error instead (its client has part of an answer)."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_THEN_EXIT, Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=2)
+        runner.start()
+        await runner.wait_started()
+        parts: list[StreamedPart] = []
+        jobs = [make_job(body, on_part=parts.append) for body in (b"a", b"b")]
+        for job in jobs:
+            runner.submit(job)
+        results = await outcomes(jobs)
+        assert all(isinstance(r, WorkerDied) for r in results)
+        assert len(parts) == 2
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_part_for_an_unknown_request_replaces_the_worker_and_answers_the_batch() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_UNKNOWN, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        job = make_job(b"a")
+        runner.submit(job)
+        (result,) = await outcomes([job])
+        assert isinstance(result, WorkerDied)  # a lone request broke its worker: answered
+        assert factory.started[0].killed
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_consumer_that_refuses_a_part_fails_only_that_request() -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.STREAM), batch_size=2)
+        runner.start()
+        await runner.wait_started()
+
+        def refuse(part: StreamedPart) -> None:
+            raise HandlerFailed("too much")
+
+        refused = make_job(b"a", on_part=refuse)
+        fine = make_job(b"b", on_part=lambda part: None)
+        runner.submit(refused)
+        runner.submit(fine)
+        results = await outcomes([refused, fine])
+        assert isinstance(results[0], HandlerFailed)
+        assert bodies([results[1]]) == [b"b"]
+        await runner.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_item_results_and_parts_round_trip_the_codec() -> None:
+    from ferry.worker import codec
+
+    part = PartialResult(3, "r1", b"\x00bytes", "application/octet-stream", 206)
+    frame = codec.encode(part)
+    assert codec.decode(frame[codec.FRAME_HEADER.size :]) == part
+    assert ItemResult("r1", b"", "").status == 0
