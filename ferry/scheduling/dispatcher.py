@@ -376,6 +376,9 @@ class Dispatcher:
             if isinstance(message, BatchResult):
                 return message
             self._pass_on(exchange, message)
+            # As TorchServe: each part restarts responseTimeout, so a stream that keeps
+            # sending may run as long as it needs; a silent one is still cut off.
+            exchange.deadline = self._clock() + self.response_timeout
 
     def _pass_on(self, exchange: Exchange, part: PartialResult) -> None:
         job = next((j for j in exchange.jobs if j.item.request_id == part.request_id), None)

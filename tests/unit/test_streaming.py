@@ -186,3 +186,25 @@ def test_item_results_and_parts_round_trip_the_codec() -> None:
     frame = codec.encode(part)
     assert codec.decode(frame[codec.FRAME_HEADER.size :]) == part
     assert ItemResult("r1", b"", "").status == 0
+
+
+def test_each_part_restarts_the_response_timeout() -> None:
+    """A stream that keeps sending outlives responseTimeout; the clock is injected."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        runner = runner_with(FakeFactory(Behaviour.STREAM), response_timeout=10.0)
+        dispatcher = runner.dispatcher
+        dispatcher._clock = lambda: now[0]
+        runner.start()
+        await runner.wait_started()
+
+        def late_part(part: StreamedPart) -> None:
+            now[0] += 9.0  # each part comes 9 s after the last: 18 s in all
+
+        job = make_job(b"a", on_part=late_part)
+        runner.submit(job)
+        assert bodies(await outcomes([job])) == [b"a"]
+        await runner.stop()
+
+    run(scenario)
