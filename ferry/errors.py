@@ -14,8 +14,9 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ResponseTimeout        the worker did not answer within responseTimeout
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
     ├── ArchiveError           an archive or model folder cannot be read
-    │   └── ModelConfigError   its model-config.yaml (or a per-model override) is invalid;
-    │                          also a ConfigError, so start-up stops with exit status 2
+    │   ├── ModelConfigError   its model-config.yaml (or a per-model override) is invalid;
+    │   │                      also a ConfigError, so start-up stops with exit status 2
+    │   └── PackageInstallFailed  pip could not install its requirements file
     ├── ConfigError            a setting is invalid
     ├── InvalidRequest         a management call with missing or invalid parameters
     ├── ModelAlreadyExists     that model version is already registered
@@ -82,6 +83,10 @@ class HandlerFailed(FerryError):
 
 class ArchiveError(FerryError):
     pass
+
+
+class PackageInstallFailed(ArchiveError):
+    """``install_py_dep_per_model``: pip could not install a model's requirements."""
 
 
 class ConfigError(FerryError):

@@ -30,6 +30,7 @@ from ferry.errors import (
     InvalidRequest,
     ModelApiDisabled,
     ModelLoadFailed,
+    PackageInstallFailed,
     ResponseTooLarge,
 )
 from ferry.metrics.definitions import FerryMetrics
@@ -54,6 +55,7 @@ from ferry.service_types import (
 from ferry.snapshots import ServerSnapshot, VersionSnapshot, snapshot_folder, write_snapshot
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
+from ferry.store.packages import install_packages, requirements_path
 from ferry.store.remote import (
     fetch_archive,
     is_remote,
@@ -293,6 +295,7 @@ class FerryService:
             image_limits=ImageLimits(
                 self.settings.limit_max_image_pixels, self.settings.allowed_image_formats
             ),
+            package_dirs=[str(archive.packages)] if archive.packages else [],
         )
         metrics = self.metrics.for_model(archive.name, archive.version)
         runner = ModelRunner(
@@ -322,7 +325,8 @@ class FerryService:
             await asyncio.to_thread(self._open_startup_model, store, name, relative)
             for name, relative in self._startup_entries(store, entries)
         ]
-        archives = [archive for archive in opened if archive is not None]
+        installed = [await self._startup_packages(a) for a in opened if a is not None]
+        archives = [archive for archive in installed if archive is not None]
         started = [self._start(archive, at_startup=True) for archive in archives]
         for archive in archives:
             versions = self.settings.model_overrides.get(archive.name, {})
@@ -381,6 +385,36 @@ class FerryService:
             archive = dataclasses.replace(archive, config=config)
         return archive
 
+    async def _startup_packages(self, archive: ModelArchive) -> ModelArchive | None:
+        """``_with_packages`` for a start-up model; one whose install fails is logged and
+        not loaded, and the server starts without it (as TorchServe does)."""
+        try:
+            return await self._with_packages(archive)
+        except PackageInstallFailed as error:
+            log.error("model %s not loaded: %s", archive.name, error)
+            return None
+
+    async def _with_packages(self, archive: ModelArchive) -> ModelArchive:
+        """The archive with its requirements installed, when ``install_py_dep_per_model``
+        is on and it has a requirements file; unpacked files are freed if pip fails."""
+        if not self.settings.install_py_dep_per_model:
+            return archive
+        try:
+            requirements = requirements_path(archive.model_dir, archive.manifest.requirements_file)
+            if requirements is None:
+                return archive
+            packages = await asyncio.to_thread(
+                install_packages,
+                archive.name,
+                archive.model_dir,
+                requirements,
+                Path(self._work_dir.name),
+            )
+        except BaseException:
+            archive.free()
+            raise
+        return dataclasses.replace(archive, packages=packages)
+
     # --- management ----------------------------------------------------------------------
 
     def _require_model_api(self) -> None:
@@ -420,7 +454,8 @@ class FerryService:
             )
             if config.min_workers is None:
                 config = config.merged(min_workers=0)  # TorchServe's default for registration
-        return dataclasses.replace(archive, config=config)
+            archive = dataclasses.replace(archive, config=config)
+            return await self._with_packages(archive)
 
     async def register(self, request: RegisterRequest) -> Registration:
         """Register a model version; says whether its workers are up already.

@@ -114,6 +114,8 @@ class ServerSettings:
     """Regular expressions a remote archive URL must match in full; none by default."""
     enable_model_api: bool = False
     """Allow registering and unregistering models through the management API."""
+    install_py_dep_per_model: bool = False
+    """pip-install each archive's requirements file for its workers (``ferry.store.packages``)."""
     disable_token_authorization: bool = False
     """Turn token authorization off (it is on for management, and for inference beyond loopback)."""
     key_file: Path = Path("key_file.json")

@@ -166,6 +166,7 @@ OPTIONS = (
     Option("allowed_urls", "allowed_urls", _list),
     Option("enable_metrics_api", "enable_metrics_api", _boolean),
     Option("enable_model_api", "enable_model_api", _boolean, switch=True),
+    Option("install_py_dep_per_model", "install_py_dep_per_model", _boolean),
     Option(
         "disable_token_authorization",
         "disable_token_authorization",
@@ -213,7 +214,6 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "model_snapshot": "Ferry restores its own snapshots from log_location/config",
     "workflow_store": _NO_WORKFLOWS,
     "workflow_store_path": _NO_WORKFLOWS,
-    "install_py_dep_per_model": "Ferry installs no packages; install them beforehand",
     "blacklist_env_vars": "workers inherit Ferry's environment",
     "unregister_model_timeout": "unregistering drains workers within DRAIN_SECONDS",
     "model_server_home": "paths are relative to the working directory",

@@ -30,11 +30,15 @@ class ModelArchive:
     unpacked: Path | None = None
     """The folder Ferry unpacked the archive into, which ``free`` removes; None for a
     model given as a folder in the store, which is never deleted."""
+    packages: Path | None = None
+    """Where its requirements file was installed (``ferry.store.packages``), if it was."""
 
     def free(self) -> None:
-        """Remove the unpacked folder (once no worker uses it: stop the workers first)."""
-        if self.unpacked is not None:
-            shutil.rmtree(self.unpacked, ignore_errors=True)
+        """Remove what Ferry unpacked and installed (once no worker uses it: stop the
+        workers first)."""
+        for folder in (self.unpacked, self.packages):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _within(store: Path, relative: str) -> Path:

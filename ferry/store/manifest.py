@@ -10,7 +10,7 @@ from typing import Any
 from ferry.errors import ArchiveError
 
 MANIFEST_PATH = Path("MAR-INF") / "MANIFEST.json"
-_PATH_KEYS = ("serializedFile", "modelFile", "configFile", "handler")
+_PATH_KEYS = ("serializedFile", "modelFile", "configFile", "requirementsFile", "handler")
 """The ``model`` keys that name files of the archive (``handler`` only when it is a path)."""
 
 
@@ -23,6 +23,9 @@ class Manifest:
     model_file: str | None
     config_file: str | None
     document: dict[str, Any]
+    requirements_file: str | None = None
+    """``model.requirementsFile`` (``torch-model-archiver -r``), installed only with
+    ``install_py_dep_per_model``."""
     """The manifest as read; handlers get it as ``context.manifest``."""
 
     @classmethod
@@ -47,6 +50,7 @@ class Manifest:
             model_file=model.get("modelFile") or None,
             config_file=model.get("configFile") or None,
             document=document,
+            requirements_file=model.get("requirementsFile") or None,
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,13 @@ class ReadyHandler:
             self.pipeline.close()
 
 
-def prepare_imports(model_dir: str) -> None:
-    """The model folder first on ``sys.path``; the ``ts`` shim last, if no ``ts`` exists."""
-    if model_dir in sys.path:
-        sys.path.remove(model_dir)
-    sys.path.insert(0, model_dir)
+def prepare_imports(model_dir: str, package_dirs: Sequence[str] = ()) -> None:
+    """The model folder first on ``sys.path``, then its own packages (ahead of the
+    server's); the ``ts`` shim last, if no ``ts`` exists."""
+    for path in (model_dir, *package_dirs):
+        if path in sys.path:
+            sys.path.remove(path)
+    sys.path[0:0] = [model_dir, *package_dirs]
     if importlib.util.find_spec("ts") is None:
         sys.path.append(str(SHIM_ROOT))
 
@@ -62,9 +65,10 @@ def load_handler(
     gpu_id: int | None,
     name: str,
     image_limits: ImageLimits | None = None,
+    package_dirs: Sequence[str] = (),
 ) -> ReadyHandler:
     """Import, instantiate and initialise ``handler`` (the manifest's handler string)."""
-    prepare_imports(model_dir)
+    prepare_imports(model_dir, package_dirs)
     context = Context(
         name,
         model_dir,

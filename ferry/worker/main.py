@@ -69,6 +69,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         gpu_id=spec.gpu_id,
         name=spec.model_name,
         image_limits=spec.image_limits,
+        package_dirs=spec.package_dirs,
     )
     return BatchRunner(ready.entry, ready.context, send), _chosen_device(ready.instance, spec)
 

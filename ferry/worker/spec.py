@@ -21,6 +21,8 @@ class WorkerSpec:
     worker_id: str
     image_limits: ImageLimits = field(default_factory=ImageLimits)
     """What the built-in vision handlers decode (the server's image settings)."""
+    package_dirs: list[str] = field(default_factory=list)
+    """Folders of the model's own packages, imported ahead of the server's."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
