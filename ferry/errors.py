@@ -14,6 +14,7 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ResponseTimeout        the worker did not answer within responseTimeout
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
     ├── ArchiveError           an archive or model folder cannot be read
+    │   ├── ArchiveNotFound    the model store has no such archive
     │   ├── ModelConfigError   its model-config.yaml (or a per-model override) is invalid;
     │   │                      also a ConfigError, so start-up stops with exit status 2
     │   └── PackageInstallFailed  pip could not install its requirements file
@@ -22,7 +23,12 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── ModelAlreadyExists     that model version is already registered
     ├── ModelLoadFailed        registration failed: the model's workers could not load it
     ├── ModelApiDisabled       register / unregister while enable_model_api is off
-    └── UrlNotAllowed          a remote archive URL that allowed_urls does not match
+    ├── UrlNotAllowed          a remote archive URL that allowed_urls does not match
+    ├── WorkflowNotFound       unknown workflow, or no such .war in the workflow store
+    ├── WorkflowAlreadyExists  a workflow of that name is registered
+    └── WorkflowRegistrationFailed  a node of the workflow could not be registered
+    (InvalidRequest)
+    └── InvalidWorkflow        the workflow spec or its DAG is invalid
 """
 
 from __future__ import annotations
@@ -85,6 +91,10 @@ class ArchiveError(FerryError):
     pass
 
 
+class ArchiveNotFound(ArchiveError):
+    """The model store has no such archive (404, as TorchServe answers)."""
+
+
 class PackageInstallFailed(ArchiveError):
     """``install_py_dep_per_model``: pip could not install a model's requirements."""
 
@@ -116,3 +126,19 @@ class ModelApiDisabled(FerryError):
 
 class UrlNotAllowed(FerryError):
     pass
+
+
+class InvalidWorkflow(InvalidRequest):
+    """A workflow spec, its DAG or its function nodes are invalid (400)."""
+
+
+class WorkflowNotFound(FerryError):
+    pass
+
+
+class WorkflowAlreadyExists(FerryError):
+    pass
+
+
+class WorkflowRegistrationFailed(FerryError):
+    """Some node of a workflow could not be registered; the others were rolled back."""

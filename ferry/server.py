@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError, FerryError
 from ferry.http.listener import inference_listener, management_listener, metrics_listener
@@ -70,7 +71,7 @@ class Listener(Protocol):
         """Stop accepting; ``serve()`` returns once requests in flight are done."""
 
 
-ListenerFactory = Callable[[Address, FerryService, ServerSettings, ApiKeys | None], Listener]
+ListenerFactory = Callable[[Address, Apis, ServerSettings, ApiKeys | None], Listener]
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,8 @@ async def run_server(settings: ServerSettings) -> int:
     Raises ``ConfigError`` for the exit-2 cases, after cleaning up."""
     stop = _StopSignals()
     stop.install(asyncio.get_running_loop())
-    service = FerryService(settings)
+    apis = Apis.over(FerryService(settings))
+    service = apis.service
     listeners: list[Listener] = []
     serving: list[asyncio.Task[None]] = []
     try:
@@ -137,7 +139,7 @@ async def run_server(settings: ServerSettings) -> int:
             return 1
         keys = _plan_keys(settings)
         built = [
-            (spec, spec.build(spec.address(settings), service, settings, _keys(keys)))
+            (spec, spec.build(spec.address(settings), apis, settings, _keys(keys)))
             for spec in LISTENERS
             if spec.enabled(settings)
         ]
@@ -150,7 +152,7 @@ async def run_server(settings: ServerSettings) -> int:
         return await _start_up_then_serve(service, settings, urls, stop)
     finally:
         stop.requested.set()  # from here on, a signal exits at once
-        await _shut_down(service, listeners, serving)
+        await _shut_down(apis, listeners, serving)
 
 
 def _plan_keys(settings: ServerSettings) -> KeyPlan | None:
@@ -246,14 +248,14 @@ def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
 
 
 async def _shut_down(
-    service: FerryService, listeners: Iterable[Listener], serving: list[asyncio.Task[None]]
+    apis: Apis, listeners: Iterable[Listener], serving: list[asyncio.Task[None]]
 ) -> None:
     if serving:
         log.info("shutting down")
     for listener in listeners:
         listener.stop()
     await _bounded("listeners", serving, LISTENER_STOP_SECONDS)
-    closing = asyncio.create_task(service.close())
+    closing = asyncio.create_task(apis.close())
     if not await _bounded("workers", [closing], CLOSE_SECONDS):
         log.error("workers did not stop within %.0f s; killing them", CLOSE_SECONDS)
     _kill_children()

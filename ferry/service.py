@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ferry.config.image_limits import ImageLimits
-from ferry.config.model_config import apply_overrides
+from ferry.config.model_config import ModelConfig, apply_overrides
 from ferry.config.settings import (
     ServerSettings,
     available_cores,
@@ -30,6 +30,7 @@ from ferry.errors import (
     InvalidRequest,
     ModelApiDisabled,
     ModelLoadFailed,
+    NoWorkerAvailable,
     PackageInstallFailed,
     ResponseTooLarge,
 )
@@ -243,9 +244,7 @@ class FerryService:
             max_batch_delay=delay_ms / 1000,
             workers=workers,
             response_timeout=config.response_timeout or settings.default_response_timeout,
-            startup_timeout=startup_timeout
-            or config.startup_timeout
-            or max(120.0, config.response_timeout or 0.0),
+            startup_timeout=_startup_timeout(config.startup_timeout, startup_timeout, config),
             queue_capacity=config.job_queue_size or settings.job_queue_size,
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
@@ -417,7 +416,7 @@ class FerryService:
 
     # --- management ----------------------------------------------------------------------
 
-    def _require_model_api(self) -> None:
+    def require_model_api(self) -> None:
         if not self.settings.enable_model_api:
             raise ModelApiDisabled(
                 "Model API is disabled: start Ferry with --enable-model-api to register or "
@@ -464,7 +463,7 @@ class FerryService:
         raises ``ModelLoadFailed`` with the reason). An archive downloaded for a
         registration that fails is deleted again, so that retrying it works.
         """
-        self._require_model_api()
+        self.require_model_api()
         archive = await self._open_for_registration(request)
         store = self.settings.model_store
         download = store / archive.source if store is not None and is_remote(request.url) else None
@@ -504,12 +503,49 @@ class FerryService:
         raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
 
     async def unregister(self, name: str, version: str | None) -> ModelRef:
-        self._require_model_api()
+        self.require_model_api()
+        ref = await self.remove(name, version)
+        self._snapshot_changed()
+        return ref
+
+    # --- for workflows (``ferry.workflows.manager``), which check the model API first ------
+
+    @property
+    def work_dir(self) -> Path:
+        """Where this server unpacks archives."""
+        return Path(self._work_dir.name)
+
+    async def open_archive(self, url: str, name: str) -> ModelArchive:
+        """A workflow node's model: ``url`` from the model store (or downloaded into it,
+        when ``allowed_urls`` lets it), unpacked under the name ``name``."""
+        store = self.settings.model_store
+        if store is None:
+            raise InvalidRequest("no --model-store is configured")
+        relative = url
+        if is_remote(url):
+            relative = await fetch_archive(url, store, self.settings.allowed_urls)
+        return await asyncio.to_thread(
+            open_model,
+            store,
+            relative,
+            Path(self._work_dir.name),
+            name,
+            max_unpacked_size=self.settings.max_unpacked_size,
+        )
+
+    async def load_archive(self, archive: ModelArchive, startup_timeout: float | None) -> None:
+        """Register ``archive`` and wait for its workers; raises ``ModelLoadFailed`` (and
+        leaves nothing registered) when none can start."""
+        archive = await self._with_packages(archive)
+        entry = self._start(archive, at_startup=False, startup_timeout=startup_timeout)
+        await self._unless_loaded(entry)
+
+    async def remove(self, name: str, version: str | None = None) -> ModelRef:
+        """Unregister a version and stop its workers (no model API check, no snapshot)."""
         entry = self.registry.remove(name, version)
         await entry.runner.stop()
         await asyncio.to_thread(entry.archive.free)  # its workers are gone
         self.metrics.forget_model(entry.archive.name, entry.archive.version)
-        self._snapshot_changed()
         return ModelRef(entry.archive.name, entry.archive.version)
 
     async def scale(
@@ -539,6 +575,8 @@ class FerryService:
         versions = []
         for entry in self.registry.all_versions():
             archive, runner = entry.archive, entry.runner
+            if archive.workflow is not None:
+                continue  # registered with its workflow, as in TorchServe
             versions.append(
                 VersionSnapshot(
                     model=archive.name,
@@ -573,6 +611,23 @@ class FerryService:
             entries = [self.registry.get(name, version)]
         return [model_status(entry) for entry in entries]
 
+    async def customized_metadata(self, name: str, version: str | None) -> bytes:
+        """What the handler's ``describe_handle`` returns, as TorchServe's describe API with
+        ``customized=true`` asks a worker for it: a request alone in its batch with the
+        header ``describe: True`` and no input. Raises ``NoWorkerAvailable`` without a
+        worker, and what the request failed with otherwise."""
+        runner = self._runner(name, version)
+        if not runner.ready_workers:
+            raise NoWorkerAvailable(
+                f'Model "{name}" has no worker to serve describe request. Please use scale '
+                "workers API to add workers."
+            )
+        item = messages.RequestItem(next_request_id(), {"describe": "True"}, [])
+        job = Job(item, asyncio.get_running_loop().create_future())
+        runner.submit_alone(job)
+        answer = await job.future
+        return answer.body
+
     def all_statuses(self) -> list[ModelStatus]:
         """Every registered version, by model name (the start-up summary)."""
         return [model_status(entry) for entry in self.registry.all_versions()]
@@ -582,7 +637,8 @@ class FerryService:
         if limit > 100 or limit < 0:
             limit = 100
         start = max(0, page_token)
-        names = self.registry.names()
+        # Function nodes of workflows have no archive to name; TorchServe leaves them out.
+        names = [name for name in self.registry.names() if self.registry.get(name).archive.source]
         page = names[start : start + limit]
         end = start + len(page)
         token = str(end) if page and end < len(names) else None
@@ -615,6 +671,19 @@ class FerryService:
         for entry in entries:
             entry.archive.free()
         self._work_dir.cleanup()
+
+
+def _startup_timeout(
+    configured: float | None, requested: float | None, config: ModelConfig
+) -> float:
+    """TorchServe's precedence: model-config.yaml's ``startupTimeout``, then the
+    registration's ``startup_timeout`` (0 included: no worker can start in time), then at
+    least 120 s and never less than ``responseTimeout``."""
+    if configured:
+        return configured
+    if requested is not None:
+        return requested
+    return max(120.0, config.response_timeout or 0.0)
 
 
 def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:

@@ -1,4 +1,4 @@
-"""``ferry``: serve models, write archives."""
+"""``ferry``: serve models and workflows, write archives, measure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 
 from ferry import __version__
-from ferry.cli import archive, bench, serve
+from ferry.cli import archive, bench, serve, workflow_archive
 from ferry.logs import PLAIN_FORMAT
 
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(commands)
     archive.add_parser(commands)
+    workflow_archive.add_parser(commands)
     bench.add_parser(commands)
     return parser
 

@@ -18,18 +18,28 @@ from ferry.errors import ConfigError
 
 @dataclass(frozen=True)
 class Address:
-    """Where a listener binds. Port 0 asks the OS for a free port."""
+    """Where a listener binds: a host and port (port 0 asks the OS for a free one), or a
+    Unix socket's path (``unix:/run/ferry.sock``, TorchServe's form)."""
 
     host: str
     port: int
     scheme: str = "http"
+    """``http``, ``https`` or ``unix``."""
+    path: str = ""
+    """The socket file of a ``unix`` address."""
 
     @classmethod
     def parse(cls, text: str, *, key: str) -> Address:
-        """Accept TorchServe's ``http(s)://host:port`` or a bare ``host:port``."""
+        """Accept TorchServe's ``http(s)://host:port``, ``unix:/path`` or a bare
+        ``host:port``."""
+        if text.startswith("unix:"):
+            path = text.removeprefix("unix:").removeprefix("//")
+            if not path.startswith("/"):
+                raise ConfigError(f"{key}: expected unix:/ABSOLUTE/PATH, got {text!r}")
+            return cls("", 0, "unix", path)
         url = urlsplit(text if "://" in text else f"http://{text}")
         if url.scheme not in ("http", "https"):
-            raise ConfigError(f"{key}: expected http:// or https://, got {text!r}")
+            raise ConfigError(f"{key}: expected http://, https:// or unix:, got {text!r}")
         try:
             port = url.port
         except ValueError:
@@ -39,12 +49,19 @@ class Address:
         return cls(url.hostname, port, url.scheme)
 
     def url(self) -> str:
+        if self.scheme == "unix":
+            return f"unix:{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in ("localhost", "::1") or self.host.startswith("127.")
+        """Reachable from this machine only (a Unix socket's file permissions decide who)."""
+        return (
+            self.scheme == "unix"
+            or self.host in ("localhost", "::1")
+            or self.host.startswith("127.")
+        )
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,8 @@ class ServerSettings:
     """Regular expressions a remote archive URL must match in full; none by default."""
     enable_model_api: bool = False
     """Allow registering and unregistering models through the management API."""
+    workflow_store: Path | None = None
+    """Where ``.war`` workflow archives are found (the model store when None)."""
     install_py_dep_per_model: bool = False
     """pip-install each archive's requirements file for its workers (``ferry.store.packages``)."""
     disable_token_authorization: bool = False

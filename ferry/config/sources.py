@@ -149,6 +149,7 @@ OPTIONS = (
     Option("certificate_file", "certificate_file", _path),
     Option("private_key_file", "private_key_file", _path),
     Option("model_store", "model_store", _path),
+    Option("workflow_store", "workflow_store", _path),
     Option("load_models", "models", _list, flag="--models"),
     Option("models", "model_overrides", _models_json, flag="--models-config"),
     Option("default_workers_per_model", "default_workers_per_model", _integer(0)),
@@ -198,7 +199,6 @@ OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 # why; the warning quotes it. Never a key of OPTIONS (tests/unit/test_sources.py checks).
 _NO_JVM = "Ferry has no JVM or Netty"
 _NO_GRPC = "Ferry has no gRPC API yet"
-_NO_WORKFLOWS = "Ferry has no workflows"
 IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "vmargs": _NO_JVM,
     "number_of_netty_threads": _NO_JVM,
@@ -212,8 +212,7 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "decode_input_request": "handlers get each request body as bytes, undecoded",
     "snapshot_store": "snapshots are files in log_location/config (config_snapshots)",
     "model_snapshot": "Ferry restores its own snapshots from log_location/config",
-    "workflow_store": _NO_WORKFLOWS,
-    "workflow_store_path": _NO_WORKFLOWS,
+    "workflow_store_path": "not a TorchServe setting; use workflow_store",
     "blacklist_env_vars": "workers inherit Ferry's environment",
     "unregister_model_timeout": "unregistering drains workers within DRAIN_SECONDS",
     "model_server_home": "paths are relative to the working directory",

@@ -140,6 +140,8 @@ class BaseHandler:
         """The three stages in order (or ``explain_handle`` when the batch asks for
         explanations); records ``HandlerTime`` in ms, as TorchServe does."""
         self.context = context
+        if self._is_describe():
+            return [self.describe_handle()]
         start = time.perf_counter()
         batch = timed_stage(context, "preprocess", self.preprocess, data)
         if self._is_explain():
@@ -154,6 +156,15 @@ class BaseHandler:
     def describe_handle(self) -> Any:
         """Extra model metadata for the describe API; None by default."""
         return None
+
+    def _is_describe(self) -> bool:
+        """Whether this is the describe API's request (``GET /models/NAME?customized=true``):
+        it carries the header ``describe: True`` and no input."""
+        context = getattr(self, "context", None)
+        if context is None or not context.request_processor:
+            return False
+        header = context.get_request_header(0, "describe")
+        return header is not None and header.lower() == "true"
 
     def _is_explain(self) -> bool:
         """Whether the batch asks for explanations: its first request's ``explain`` header

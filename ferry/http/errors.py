@@ -12,12 +12,14 @@ from starlette.responses import Response
 
 from ferry.errors import (
     ArchiveError,
+    ArchiveNotFound,
     ClientGone,
     ConfigError,
     FerryError,
     HandlerFailed,
     InvalidInput,
     InvalidRequest,
+    InvalidWorkflow,
     ModelAlreadyExists,
     ModelApiDisabled,
     ModelLoadFailed,
@@ -30,6 +32,9 @@ from ferry.errors import (
     ResponseTooLarge,
     UrlNotAllowed,
     WorkerDied,
+    WorkflowAlreadyExists,
+    WorkflowNotFound,
+    WorkflowRegistrationFailed,
 )
 
 ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
@@ -45,12 +50,17 @@ ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
     HandlerFailed: (500, "InternalServerException"),
     ArchiveError: (400, "InvalidModelException"),
     PackageInstallFailed: (400, "ModelException"),
+    ArchiveNotFound: (404, "ModelNotFoundException"),
     ConfigError: (400, "BadRequestException"),
     InvalidRequest: (400, "BadRequestException"),
     ModelAlreadyExists: (409, "ConflictStatusException"),
     ModelLoadFailed: (500, "InternalServerException"),
     ModelApiDisabled: (405, "MethodNotAllowedException"),
     UrlNotAllowed: (400, "InvalidUrlException"),
+    InvalidWorkflow: (400, "InvalidDAGException"),
+    WorkflowNotFound: (404, "WorkflowNotFoundException"),
+    WorkflowAlreadyExists: (409, "ConflictStatusException"),
+    WorkflowRegistrationFailed: (500, "WorkflowException"),
 }
 
 

@@ -17,8 +17,10 @@ from ferry.http.hang_up import on_hang_up
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.http.streaming import prediction_response
+from ferry.http.workflows import workflow_inference_routes
 from ferry.service import FerryService
 from ferry.service_types import Prediction
+from ferry.workflows.manager import WorkflowManager
 
 access = logging.getLogger("ferry.access")
 
@@ -47,7 +49,7 @@ def log_access(
         access.info(text, extra={"fields": fields})
 
 
-def inference_app(service: FerryService) -> Starlette:
+def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlette:
     limit = service.settings.max_request_size
     record = service.metrics.response_recorder("inference")
     access_log = service.settings.access_log
@@ -104,6 +106,7 @@ def inference_app(service: FerryService) -> Starlette:
         Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
         Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
         Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        *workflow_inference_routes(workflows, record, limit),
         *description_routes(inference_description()),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))

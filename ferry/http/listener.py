@@ -8,15 +8,19 @@ started. Token checks (``ferry.http.auth``) are put in front of the apps here.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import socket
 import ssl
+import stat
 from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError
 from ferry.http.auth import TokenAuth
@@ -25,7 +29,6 @@ from ferry.http.management import management_app
 from ferry.http.metrics import metrics_app
 from ferry.http.protocol import HttpLimits, LimitedConfig
 from ferry.security import ApiKeys
-from ferry.service import FerryService
 
 DRAIN_SECONDS = 10.0
 """On stop, how long requests in flight may take to finish before they are cancelled."""
@@ -41,11 +44,37 @@ class _Uvicorn(uvicorn.Server):
 
 def bind(address: Address) -> socket.socket:
     """A listening, non-blocking socket; raises ``OSError`` (e.g. address in use)."""
+    if address.scheme == "unix":
+        return _bind_unix(address.path)
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address.host, address.port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind_unix(path: str) -> socket.socket:
+    """A Unix socket at ``path``. A socket file left by a server that is gone is replaced;
+    one a live server answers on is "address already in use", and any other file is kept."""
+    if os.path.exists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # stale: nobody listens on it
+            else:
+                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
         sock.listen(2048)
         sock.setblocking(False)
     except BaseException:
@@ -88,6 +117,23 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
     return config
 
 
+def without_trailing_slash(app: ASGIApp) -> ASGIApp:
+    """Serve ``/models/NAME/`` as ``/models/NAME``, as TorchServe does. Starlette would
+    answer 307 to the slash-less URL instead: a DELETE a client did not follow unregistered
+    nothing, and the redirect names the Host the client sent, wrong behind a proxy."""
+
+    async def strip(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+            raw = scope.get("raw_path")
+            if raw:
+                scope["raw_path"] = raw.rstrip(b"/") or b"/"
+        await app(scope, receive, send)
+
+    return strip
+
+
 def with_cors(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     """TorchServe's CORS settings, outside the token check: a browser's preflight
     (``OPTIONS`` with ``Access-Control-Request-Method``) carries no key. Without
@@ -108,7 +154,7 @@ class HttpListener:
 
     def __init__(self, app: ASGIApp, address: Address, settings: ServerSettings) -> None:
         self.address = address
-        app = with_cors(app, settings)
+        app = with_cors(without_trailing_slash(app), settings)
         self._server = _Uvicorn(_uvicorn_config(app, address, settings))
         self._socket: socket.socket | None = None
         self._serving = False
@@ -116,6 +162,8 @@ class HttpListener:
     def bind(self) -> str:
         """Bind the address now and return the URL bound (with the port chosen for port 0)."""
         self._socket = bind(self.address)
+        if self.address.scheme == "unix":
+            return self.address.url()
         host, port = self._socket.getsockname()[:2]
         return Address(host, port, self.address.scheme).url()
 
@@ -123,7 +171,15 @@ class HttpListener:
         if self._socket is None:
             raise RuntimeError("bind() the listener before serving")
         self._serving = True
-        await self._server.serve(sockets=[self._socket])
+        try:
+            await self._server.serve(sockets=[self._socket])
+        finally:
+            self._remove_socket_file()
+
+    def _remove_socket_file(self) -> None:
+        if self.address.scheme == "unix":
+            with contextlib.suppress(OSError):
+                os.unlink(self.address.path)
 
     def stop(self) -> None:
         """Stop accepting; ``serve()`` returns once requests in flight finished (or after
@@ -131,29 +187,30 @@ class HttpListener:
         self._server.should_exit = True
         if not self._serving and self._socket is not None:
             self._socket.close()
+            self._remove_socket_file()
 
 
 def inference_listener(
-    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> HttpListener:
     """TorchServe's inference API; it needs the inference key only beyond loopback."""
-    app: ASGIApp = inference_app(service)
+    app: ASGIApp = inference_app(apis.service, apis.workflows)
     if keys is not None and not address.is_loopback:
         app = TokenAuth(app, keys.inference)
     return HttpListener(app, address, settings)
 
 
 def management_listener(
-    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> HttpListener:
-    app: ASGIApp = management_app(service)
+    app: ASGIApp = management_app(apis.service, apis.workflows)
     if keys is not None:
         app = TokenAuth(app, keys.management)
     return HttpListener(app, address, settings)
 
 
 def metrics_listener(
-    address: Address, service: FerryService, settings: ServerSettings, keys: ApiKeys | None
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> HttpListener:
     """Prometheus scrapes need no key."""
-    return HttpListener(metrics_app(service), address, settings)
+    return HttpListener(metrics_app(apis.service), address, settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,12 +12,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ferry.errors import ModelNotFound
 from ferry.http.errors import exception_handlers, guarded
 from ferry.http.openapi import description_routes, management_description
 from ferry.http.params import Params
+from ferry.http.workflows import workflow_management_routes
 from ferry.service import FerryService
 from ferry.service_types import RegisterRequest
 from ferry.status import ModelStatus, WorkerStatus
+from ferry.workflows.manager import WorkflowManager
+
+log = logging.getLogger("ferry.http")
 
 MAX_PARAMS_BODY = 1 << 20
 
@@ -100,7 +106,22 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
     }
 
 
-def management_app(service: FerryService) -> Starlette:
+def _add_customized(described: list[dict[str, Any]], metadata: bytes) -> None:
+    """TorchServe's ``customizedMetadata``: the handler's ``describe_handle`` answer when it
+    is a JSON object (``{}`` for anything else), left out when it answered None."""
+    try:
+        document = json.loads(metadata) if metadata.strip() else None
+    except ValueError:
+        document = {}
+    if document is None or len(described) != 1:
+        return
+    if not isinstance(document, dict):
+        log.warning("describe_handle returned %s, not a JSON object", type(document).__name__)
+        document = {}
+    described[0]["customizedMetadata"] = document
+
+
+def management_app(service: FerryService, workflows: WorkflowManager) -> Starlette:
     record = service.metrics.response_recorder("management")
 
     async def list_or_register(request: Request) -> Response:
@@ -119,17 +140,22 @@ def management_app(service: FerryService) -> Starlette:
         return await register(params)
 
     async def register(params: Params) -> Response:
+        url = params.text("url", required=True, empty_ok=True) or ""
+        if not url:  # present but empty: TorchServe's 404, not the 400 for a missing url
+            raise ModelNotFound("empty url")
         registration = RegisterRequest(
-            url=params.text("url", required=True) or "",
+            url=url,
             model_name=params.text("model_name"),
             handler=params.text("handler"),
             runtime=params.text("runtime"),
             batch_size=params.integer("batch_size", minimum=1),
             max_batch_delay_ms=params.number("max_batch_delay"),
             initial_workers=params.integer("initial_workers", minimum=0),
-            synchronous=params.flag("synchronous", default=False),
+            # TorchServe's code registers synchronously unless told not to (its docs say
+            # the opposite; its own test suite relies on the code).
+            synchronous=params.flag("synchronous", default=True),
             response_timeout=params.number("response_timeout", minimum=1),
-            startup_timeout=params.number("startup_timeout", minimum=1),
+            startup_timeout=params.number("startup_timeout", minimum=0),
         )
         registered = await service.register(registration)
         name, version = registered.model.name, registered.model.version
@@ -146,7 +172,11 @@ def management_app(service: FerryService) -> Starlette:
         version = request.path_params.get("version")
         params = await Params.read(request, MAX_PARAMS_BODY)
         if request.method == "GET":
-            return _json([model_json(status) for status in service.describe(name, version)])
+            described = [model_json(status) for status in service.describe(name, version)]
+            if params.flag("customized", default=False) and version != "all":
+                metadata = await service.customized_metadata(name, version)
+                _add_customized(described, metadata)
+            return _json(described)
         if request.method == "DELETE":
             await service.unregister(name, version)
             return _status(f'Model "{name}" unregistered')
@@ -176,6 +206,7 @@ def management_app(service: FerryService) -> Starlette:
         Route(
             "/models/{name}/{version}/set-default", guarded(set_default, record), methods=["PUT"]
         ),
+        *workflow_management_routes(workflows, record),
         *description_routes(management_description()),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))

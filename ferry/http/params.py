@@ -36,10 +36,12 @@ class Params:
             values.update(document)
         return cls(values)
 
-    def text(self, name: str, *, required: bool = False) -> str | None:
+    def text(self, name: str, *, required: bool = False, empty_ok: bool = False) -> str | None:
+        """The parameter as text; ``required`` refuses it missing (and empty, unless
+        ``empty_ok``)."""
         value = self._values.get(name)
         if value is None or value == "":
-            if required:
+            if required and (value is None or not empty_ok):
                 raise InvalidRequest(f"Parameter {name} is required.")
             return None
         return str(value)

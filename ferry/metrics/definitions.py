@@ -161,6 +161,12 @@ class FerryMetrics:
             ("Requests4XX", "counter", TS_HOST, "Inference responses with a 4xx status."),
             ("Requests5XX", "counter", TS_HOST, "Inference responses with a 5xx status."),
             ("QueueTime", "gauge", TS_HOST, "Queue time of the latest dispatched request, ms."),
+            (
+                "WorkerThreadTime",
+                "gauge",
+                TS_HOST,
+                "Latest batch's round trip to its worker less the worker's own time, ms.",
+            ),
             ("WorkerLoadTime", "gauge", ("WorkerName", *TS_HOST), "Worker start-up time, ms."),
             ("CPUUtilization", "gauge", TS_HOST, "Host CPU use since the last scrape, %."),
             ("MemoryUsed", "gauge", TS_HOST, "Host memory in use, MB."),
@@ -342,6 +348,9 @@ class ModelMetrics:
         self._abandoned = metrics.requests_abandoned.counter(*self.labels)
         self._handler_children: dict[tuple[object, ...], Child] = {}
         self._queue_time = metrics.torchserve["QueueTime"].gauge(*metrics.host_labels)
+        self._worker_thread_time = metrics.torchserve["WorkerThreadTime"].gauge(
+            *metrics.host_labels
+        )
         # Looked up at each use: unloading another version of this model forgets them.
         self._ts_model = (name, "Model", metrics.hostname)
 
@@ -366,10 +375,12 @@ class ModelMetrics:
             if stage_ms:  # a handler that records HandlerTime itself overrides this
                 self._ts_gauge("HandlerTime").set(sum(stage_ms.values()))
 
-    def batch_done(self, handler_ms: float) -> None:
-        """A batch's time in the worker, handler included (TorchServe's PredictionTime)."""
+    def batch_done(self, handler_ms: float, overhead_ms: float = 0.0) -> None:
+        """A batch's time in the worker, handler included (TorchServe's PredictionTime), and
+        the rest of its round trip: framing, the socket, decoding (``WorkerThreadTime``)."""
         if self.enabled:
             self._ts_gauge("PredictionTime").set(handler_ms)
+            self._worker_thread_time.set(overhead_ms)
 
     def _ts_gauge(self, name: str) -> Gauge:
         return self.metrics.torchserve[name].gauge(*self._ts_model)

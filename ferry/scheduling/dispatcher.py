@@ -133,6 +133,8 @@ class Exchange:
     batch: PredictBatch
     jobs: list[Job]
     deadline: float
+    started_at: float
+    """When the worker could start on it (TorchServe's WorkerThreadTime counts from here)."""
 
 
 @dataclass
@@ -265,7 +267,8 @@ class Dispatcher:
             result = await self._receive(worker, pending[0])
             current = pending.popleft()
             if pending:
-                pending[0].deadline = self._clock() + self.response_timeout
+                pending[0].started_at = self._clock()
+                pending[0].deadline = pending[0].started_at + self.response_timeout
             answered += len(current.jobs)
             if recycle is not None and not recycling:
                 recycling = recycle(answered)
@@ -277,7 +280,7 @@ class Dispatcher:
                     if ready:
                         pending.append(await self._send(worker, ready, lane.held))
             finally:
-                self._deliver(current.jobs, result, lane.held)  # even if that send failed
+                self._deliver(current, result, lane.held)  # even if that send failed
             if recycling and not pending:
                 log.info("%s worker pid %s recycled: %s", self.name, worker.info.pid, recycling)
                 return ServeEnd.RECYCLE
@@ -359,7 +362,7 @@ class Dispatcher:
             job.attempts += 1
         held.add(jobs)
         self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
-        exchange = Exchange(batch, jobs, now + self.response_timeout)
+        exchange = Exchange(batch, jobs, now + self.response_timeout, now)
         # Bounded like the answer: a worker that stopped reading must not hold us forever.
         await asyncio.wait_for(worker.send(batch), self._remaining(exchange))
         return exchange
@@ -389,10 +392,12 @@ class Dispatcher:
     def _remaining(self, exchange: Exchange) -> float:
         return max(0.0, exchange.deadline - self._clock())
 
-    def _deliver(self, jobs: list[Job], result: BatchResult, held: InFlight) -> None:
+    def _deliver(self, exchange: Exchange, result: BatchResult, held: InFlight) -> None:
+        jobs = exchange.jobs
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         self.metrics.stages(result.stage_ms)
-        self.metrics.batch_done(result.handler_ms)
+        round_trip_ms = (self._clock() - exchange.started_at) * 1000
+        self.metrics.batch_done(result.handler_ms, max(0.0, round_trip_ms - result.handler_ms))
         for metric in result.metrics:
             self.metrics.handler_metric(
                 metric.name, metric.value, metric.unit, metric.kind, metric.dimensions
@@ -448,6 +453,11 @@ class Dispatcher:
                 len(suspects),
             )
             self.suspects.put_front(suspects)
+
+    def put_alone(self, job: Job) -> None:
+        """Queue ``job`` to run alone in its batch, ahead of the main queue (the lane that
+        suspects take)."""
+        self.suspects.put(job)
 
     def fail_queued(self, error: FerryError) -> None:
         """Answer everything still queued (suspects included) with ``error``."""

@@ -169,6 +169,12 @@ class ModelRunner:
         self.check_admission()
         self.queue.put(job)
 
+    def submit_alone(self, job: Job) -> None:
+        """Queue a request that must be alone in its batch, ahead of the others (a
+        describe request: the handler looks at the batch's first request only)."""
+        self.check_admission()
+        self.dispatcher.put_alone(job)
+
     def _spec_for(self, slot: WorkerSlot) -> WorkerSpec:
         gpu = worker_gpu(self.settings.gpu_ids, slot.index)
         worker_id = f"w{slot.index}.{slot.restarts + slot.recycles}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.config.model_config import ModelConfig, load_model_config
-from ferry.errors import ArchiveError, ModelConfigError
+from ferry.errors import ArchiveError, ArchiveNotFound, ModelConfigError
 from ferry.store.extract import extract_tar, extract_zip
 from ferry.store.manifest import MANIFEST_PATH, Manifest
 
@@ -32,6 +32,9 @@ class ModelArchive:
     model given as a folder in the store, which is never deleted."""
     packages: Path | None = None
     """Where its requirements file was installed (``ferry.store.packages``), if it was."""
+    workflow: str | None = None
+    """The workflow this model is a node of: registered and removed with it, never in
+    snapshots."""
 
     def free(self) -> None:
         """Remove what Ferry unpacked and installed (once no worker uses it: stop the
@@ -88,7 +91,7 @@ def open_model(
     """
     source = _within(store, relative)
     if not source.exists():
-        raise ArchiveError(f"{relative!r} not found in the model store")
+        raise ArchiveNotFound(f"{relative!r} not found in the model store")
     if source.is_dir():
         return _read_model(source, relative, name, unpacked=None)
     dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))

@@ -89,8 +89,7 @@ def install_packages(
         shutil.rmtree(target, ignore_errors=True)
         log.error("model %s: pip failed (exit %d):\n%s", model, done.returncode, output)
         raise PackageInstallFailed(
-            f"Custom pip package installation failed for model {model}: "
-            + _reason(output)
+            f"Custom pip package installation failed for model {model}: " + _reason(output)
         )
     log.info(
         "model %s: packages installed in %.1f s: %s",

@@ -172,9 +172,12 @@ def test_asynchronous_registration_answers_202_then_loads(
 ) -> None:
     unregister_afterwards("later")
     with managed.management() as api, managed.client() as inference:
-        response = api.post(
-            "/models", params={"url": "late.mar", "model_name": "later", "initial_workers": 1}
-        )
+        params: dict[str, str | int] = {
+            "url": "late.mar",
+            "model_name": "later",
+            "initial_workers": 1,
+        }
+        response = api.post("/models", params={**params, "synchronous": "false"})
         assert response.status_code == 202
         assert response.json() == {"status": "Processing worker updates..."}
         # Requests queue while the worker loads, then are answered.
@@ -202,8 +205,10 @@ def test_invalid_registrations_are_400_and_leave_nothing_behind(managed: Running
             "BadRequestException",
         )
         assert_error(
-            api.post("/models", params={"url": "absent.mar"}), 400, "InvalidModelException"
+            api.post("/models", params={"url": "absent.mar"}), 404, "ModelNotFoundException"
         )
+        empty = api.post("/models", params={"url": ""})
+        assert assert_error(empty, 404, "ModelNotFoundException") == "empty url"
         assert_error(
             api.post("/models", params={"url": "../escape.mar"}), 400, "InvalidModelException"
         )
@@ -341,7 +346,12 @@ def test_asynchronous_registration_of_an_unloadable_model_is_rolled_back(
     failure = "broken v1.0 failed to load"
     logged_before = managed.log().count(failure)  # an earlier attempt may have logged it
     with managed.management() as api:
-        accepted = api.post("/models", params={"url": "broken.mar", "initial_workers": 1})
+        params: dict[str, str | int] = {
+            "url": "broken.mar",
+            "initial_workers": 1,
+            "synchronous": "false",
+        }
+        accepted = api.post("/models", params=params)
         assert accepted.status_code == 202
         # Waits for the worker's attempt; the failure is logged once the rollback is done.
         wait_until(

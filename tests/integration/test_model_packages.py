@@ -38,9 +38,7 @@ def store(tmp_path: Path) -> Path:
     return folder
 
 
-def test_the_requirements_are_installed_for_the_models_workers(
-    store: Path, tmp_path: Path
-) -> None:
+def test_the_requirements_are_installed_for_the_models_workers(store: Path, tmp_path: Path) -> None:
     with ferry_server(
         store, ["packaged=packaged.mar"], tmp_path, "--install-py-dep-per-model", "true"
     ) as server:

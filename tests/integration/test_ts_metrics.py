@@ -47,6 +47,7 @@ def test_torchserve_names_after_three_inferences(server: RunningServer) -> None:
     assert _sample(text, f"DiskAvailable{HOST}") > 0
     assert 0 < _sample(text, f"DiskUtilization{HOST}") <= 100
     assert _sample(text, f"QueueTime{HOST}") >= 0
+    assert _sample(text, f"WorkerThreadTime{HOST}") > 0  # framing and the socket take time
     model = r'\{ModelName="doubler",Level="Model",Hostname="[^"]+"\}'
     assert _sample(text, f"HandlerTime{model}") > 0  # the base handler's own HandlerTime
     assert _sample(text, f"PredictionTime{model}") > 0

@@ -65,3 +65,15 @@ def test_cpu_split_does_not_oversubscribe() -> None:
     assert threads_per_worker(cores=2, workers=1) == 2
     assert threads_per_worker(cores=2, workers=2) == 1
     assert threads_per_worker(cores=2, workers=8) == 1
+
+
+def test_unix_socket_addresses() -> None:
+    address = Address.parse("unix:/tmp/management.sock", key="management_address")
+    assert (address.scheme, address.path, address.url()) == (
+        "unix",
+        "/tmp/management.sock",
+        "unix:/tmp/management.sock",
+    )
+    assert address.is_loopback  # local only: the file's permissions decide who connects
+    with pytest.raises(ConfigError, match="expected unix:/ABSOLUTE/PATH"):
+        Address.parse("unix:relative.sock", key="management_address")

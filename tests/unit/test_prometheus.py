@@ -170,7 +170,7 @@ def test_torchserve_model_metrics() -> None:
     model = metrics.for_model("m", "1.0")
     model.dispatched([0.002, 0.0035], batch_size=2)
     model.stages({"preprocess": 1.0, "inference": 4.5, "postprocess": 0.5})
-    model.batch_done(7.25)
+    model.batch_done(7.25, 0.75)
     model.worker_loaded("m/1.0/w0", 1500.0)
     text = metrics.exposition()
     assert_parseable(text)
@@ -178,7 +178,14 @@ def test_torchserve_model_metrics() -> None:
     assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host"} 6\n' in text
     assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host"} 7.25\n' in text
     assert 'WorkerLoadTime{WorkerName="m/1.0/w0",Level="Host",Hostname="host"} 1500\n' in text
-    for name in ("QueueTime", "HandlerTime", "PredictionTime", "WorkerLoadTime"):
+    assert 'WorkerThreadTime{Level="Host",Hostname="host"} 0.75\n' in text
+    for name in (
+        "QueueTime",
+        "HandlerTime",
+        "PredictionTime",
+        "WorkerLoadTime",
+        "WorkerThreadTime",
+    ):
         assert _type(text, name) == "gauge"
     metrics.forget_model("m", "1.0")
     assert 'ModelName="m"' not in metrics.exposition()

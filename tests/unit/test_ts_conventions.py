@@ -275,9 +275,11 @@ def test_the_models_queue_and_startup_timeout_win_over_the_servers(
     work.mkdir()
     tiny = service._runner_settings(open_model(store, "tiny.mar", work), None)
     assert tiny.queue_capacity == 2 and tiny.startup_timeout == 30
-    assert service._runner_settings(open_model(store, "tiny.mar", work), 90).startup_timeout == 90
+    # TorchServe's precedence: model-config.yaml's startupTimeout wins over the request's.
+    assert service._runner_settings(open_model(store, "tiny.mar", work), 90).startup_timeout == 30
     good = service._runner_settings(open_model(store, "good.mar", work), None)
     assert good.queue_capacity == 50 and good.startup_timeout == 120
+    assert service._runner_settings(open_model(store, "good.mar", work), 0).startup_timeout == 0
     run(service.close)
 
 
