@@ -3,6 +3,7 @@ of worker slots (``pool.py``) that keeps those workers running."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,7 +134,10 @@ class ModelRunner:
         if not wait:
             return
         new = [slot for slot in revived + added if slot not in retired]
-        await self.pool.wait_started(new)
+        # Workers an earlier asynchronous scale started are still loading: "scaled" means
+        # they are up too, so wait for them as well (their failures are their own retries').
+        loading = [s for s in self.slots if s not in new and not s.first_attempt.is_set()]
+        await self.pool.wait_started(new + loading)
         failed = [slot for slot in new if not slot.state.serving]
         if failed:
             self.pool.retire([slot for slot in failed if slot in added])  # scale-up undone
@@ -143,8 +147,8 @@ class ModelRunner:
                 f"{reason}"
             )
         tasks = [slot.task for slot in retired if slot.task is not None]
-        for task in tasks:
-            await task
+        # Slots retired while loading were cancelled: their CancelledError is not ours.
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def stop(self) -> None:
         """Stop every worker and answer whatever is still queued."""

@@ -147,6 +147,8 @@ class WorkerPool:
         self._backoff = backoff
         self._slot_ids = 0
         self._stopping = False
+        self._retiring: list[WorkerSlot] = []
+        """Retired slots whose worker still finishes its batch: ``stop`` ends them too."""
 
     # --- state ---------------------------------------------------------------------------
 
@@ -181,9 +183,16 @@ class WorkerPool:
             await slot.first_attempt.wait()
 
     def retire(self, slots: list[WorkerSlot]) -> None:
-        """Stop these slots once their current batch is answered."""
+        """Stop these slots once their current batch is answered; one with no worker
+        serving (loading, or waiting to retry) holds no request and stops at once, so no
+        worker goes on loading a model that may be unregistered next."""
+        self._retiring = [s for s in self._retiring if s.task is not None and not s.task.done()]
         for slot in slots:
             slot.retire.set()
+            if slot.worker is None and slot.task is not None:
+                slot.task.cancel()
+            else:
+                self._retiring.append(slot)
         self.slots = [slot for slot in self.slots if slot not in slots]
 
     def revive_given_up(self) -> list[WorkerSlot]:
@@ -195,8 +204,9 @@ class WorkerPool:
     async def stop(self) -> None:
         """Stop every slot now; requests a worker held are answered by the dispatcher."""
         self._stopping = True
-        workers = [slot.worker for slot in self.slots if slot.worker is not None]
-        tasks = [slot.task for slot in self.slots if slot.task is not None]
+        every = [*self.slots, *self._retiring]
+        workers = [slot.worker for slot in every if slot.worker is not None]
+        tasks = [slot.task for slot in every if slot.task is not None and not slot.task.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -275,6 +275,77 @@ def test_synchronous_scale_up_fails_with_the_reason_and_is_undone() -> None:
     run(scenario)
 
 
+def test_a_synchronous_scale_waits_for_workers_an_earlier_scale_is_still_loading() -> None:
+    """TorchServe's postman collection scales asynchronously, then synchronously to the same
+    count: the second answer must mean the worker is up, not merely that it exists."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        loading = asyncio.Event()
+
+        async def slow_start(worker_spec: Any, timeout: float) -> Any:
+            await loading.wait()
+            return await factory(worker_spec, timeout)
+
+        runner = ModelRunner(
+            "m",
+            "1.0",
+            spec(),
+            settings(workers=0),
+            slow_start,
+            FerryMetrics().for_model("m", "1.0"),
+            backoff=lambda: Backoff(first=0.0, cap=0.0),
+        )
+        runner.start()
+        await runner.scale(1, 1, wait=False)
+        synchronous = asyncio.ensure_future(runner.scale(1, 1, wait=True))
+        await wait_until(lambda: bool(runner.slots))
+        for _ in range(10):  # it stays waiting while the worker loads
+            await asyncio.sleep(0)
+        assert not synchronous.done()
+        loading.set()
+        await synchronous
+        assert runner.ready_workers == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_worker_retired_while_loading_stops_loading_at_once() -> None:
+    """Scaled down (or unregistered) before it loaded: its start is cancelled, so it never
+    goes on loading files the model's removal deletes."""
+
+    async def scenario() -> None:
+        loading, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def never_loads(worker_spec: Any, timeout: float) -> Any:
+            loading.set()
+            try:
+                await asyncio.get_running_loop().create_future()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        runner = ModelRunner(
+            "m",
+            "1.0",
+            spec(),
+            settings(workers=0),
+            never_loads,
+            FerryMetrics().for_model("m", "1.0"),
+            backoff=lambda: Backoff(first=0.0, cap=0.0),
+        )
+        runner.start()
+        await runner.scale(1, 1, wait=False)
+        await loading.wait()
+        await runner.scale(0, 0, wait=True)
+        await cancelled.wait()
+        assert runner.slots == []
+        await runner.stop()
+
+    run(scenario)
+
+
 def test_scaling_again_revives_a_slot_that_gave_up() -> None:
     async def scenario() -> None:
         factory = FakeFactory(*[load_error()] * MAX_DETERMINISTIC_FAILURES, Behaviour.ECHO)
