@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint typecheck demo-model bench clean
+.PHONY: venv serve test check lint typecheck demo-model bench compat clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+## Same archives, same requests to TorchServe 0.12 (in .venv-torchserve) and to Ferry.
+compat: $(STAMP)
+	bash scripts/torchserve-venv.sh
+	$(BIN)/pytest -q tests/compat
 
 ## Retrain the demo model and rebuild its archive (a few minutes on 2 cores).
 demo-model: $(STAMP)
