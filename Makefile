@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
-	$(BIN)/pip install --quiet -e '.[bench,onnx]'
+	$(BIN)/pip install --quiet -e '.[bench,onnx,explain]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -126,16 +126,22 @@ class FerryService:
         headers: dict[str, str],
         on_hang_up: OnHangUp | None = None,
         on_part: OnPredictionPart | None = None,
+        *,
+        explain: bool = False,
     ) -> Prediction:
         """Queue a request and await its answer. ``on_hang_up`` lets the transport say when
         the client goes away: the request is then answered with ``ClientGone`` and dropped
         before it reaches a worker. Parts a handler streams go to ``on_part`` as they come;
         a transport that cannot stream passes none, and gets them joined before the last
-        part in the answer's body."""
+        part in the answer's body. ``explain`` asks the handler for explanations instead
+        (TorchServe's ``explain: True`` header), alone in its batch: a handler looks at the
+        batch's first request to choose."""
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
         request_id = self._choose_request_id(headers.get("x-request-id", ""))
+        if explain:
+            headers = {**headers, "explain": "True"}
         joined: list[bytes] = []
         job = Job(
             messages.RequestItem(request_id, headers, wire_parts),
@@ -143,7 +149,10 @@ class FerryService:
             self._part_sink(request_id, on_part, joined),
         )
         try:
-            runner.submit(job)
+            if explain:
+                runner.submit_alone(job)
+            else:
+                runner.submit(job)
             if on_hang_up is not None:
                 on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
             try:

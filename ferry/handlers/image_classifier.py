@@ -21,6 +21,7 @@ from ferry.errors import InvalidInput
 from ferry.handlers.base_handler import BaseHandler, timed_stage
 from ferry.handlers.context import Context
 from ferry.handlers.gpu_decode import JpegDecoder, decode_each, is_jpeg, load_gpu_jpeg_decoder
+from ferry.handlers.insights import IntegratedGradients
 from ferry.handlers.ts_utils import map_class_to_label
 from ferry.handlers.vision import DefaultImageProcessing, ImageTransform, image_bytes
 
@@ -47,6 +48,7 @@ class VisionHandler(BaseHandler):
         self.jpeg_decoder: JpegDecoder | None = None
         self._builtin_processing = DefaultImageProcessing()
         self._local = threading.local()  # preprocess may run in several pipeline threads
+        self._insights: IntegratedGradients | None = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
@@ -69,7 +71,7 @@ class VisionHandler(BaseHandler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.update(_local=None, jpeg_decoder=None)  # a GPU decoder stays in the worker
+        state.update(_local=None, jpeg_decoder=None, _insights=None)  # these stay in the worker
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -154,8 +156,20 @@ class VisionHandler(BaseHandler):
             return None
         return self.transform.normalise(torch.stack([images[i] for i in sorted(images)]))
 
+    def get_insights(self, tensor_data: torch.Tensor, _: Any, target: int = 0) -> list[Any]:
+        """Integrated Gradients attributions of the preprocessed images to class ``target``
+        (TorchServe's explanations; needs captum)."""
+        if self._insights is None:
+            self._insights = IntegratedGradients(self.model)
+        return self._insights.attribute(tensor_data, int(target))
+
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         self.context = context
+        if self._is_describe():
+            return [self.describe_handle()]
+        if self._is_explain():
+            explained: list[Any] = self.explain_handle(self.preprocess(data), data)
+            return explained
         start = time.perf_counter()
         batch = timed_stage(context, "preprocess", self.preprocess, data)
         answers: Any = iter([])

@@ -1,4 +1,5 @@
-"""TorchServe's inference API: ``/ping`` and ``/predictions/{model}[/{version}]``."""
+"""TorchServe's inference API: ``/ping``, ``/predictions/{model}[/{version}]`` and
+``/explanations/{model}[/{version}]``."""
 
 from __future__ import annotations
 
@@ -78,6 +79,13 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
         return Response(json.dumps(document), status_code=status, media_type="application/json")
 
     async def predict(request: Request) -> Response:
+        return await answer(request, explain=False)
+
+    async def explain(request: Request) -> Response:
+        """TorchServe's explanations API: the handler's ``explain_handle``."""
+        return await answer(request, explain=True)
+
+    async def answer(request: Request, *, explain: bool) -> Response:
         start = time.perf_counter()
         model = request.path_params["model"]
         version = request.path_params.get("version")
@@ -89,7 +97,13 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
             headers = {k.lower(): v for k, v in request.headers.items()}
             response, events = await prediction_response(
                 lambda on_part: service.predict(
-                    model, version, parts, headers, on_hang_up(request.scope), on_part
+                    model,
+                    version,
+                    parts,
+                    headers,
+                    on_hang_up(request.scope),
+                    on_part,
+                    explain=explain,
                 )
             )
             answer = events.answer
@@ -106,6 +120,8 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
         Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
         Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
         Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        Route("/explanations/{model}", explain, methods=["POST", "PUT"]),
+        Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
         *workflow_inference_routes(workflows, record, limit),
         *description_routes(inference_description()),
     ]

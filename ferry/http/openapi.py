@@ -31,11 +31,12 @@ def _errors(*codes: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid input or parameters",
         401: "Missing or wrong API key",
-        404: "Unknown model, version or path",
+        404: "Unknown model, version, workflow or path",
         405: "Method not allowed, or model API disabled",
-        409: "Model version already registered",
+        409: "Model version or workflow already registered",
         413: "Request body over max_request_size",
         500: "Handler or worker failure",
+        501: "The handler cannot explain (or captum is not installed)",
         503: "Queue full or no worker available",
         504: "Worker did not answer within responseTimeout",
     }
@@ -63,6 +64,7 @@ def _param(
 
 _MODEL = _param("model_name", "path", {"type": "string"}, "Model name")
 _VERSION = _param("model_version", "path", {"type": "string"}, "Model version")
+_WORKFLOW = _param("workflow_name", "path", {"type": "string"}, "Workflow name")
 _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
 
@@ -81,6 +83,17 @@ def inference_description() -> dict[str, Any]:
             **_inference_errors(400, 404, 413, 500, 503, 504),
         },
     }
+    explain = {
+        **predict,
+        "summary": "Explain a prediction: the handler's explain_handle (501 without one)",
+        "responses": {
+            "200": {
+                "description": "The handler's explanation (Integrated Gradients for the "
+                "built-in vision handlers)"
+            },
+            **_inference_errors(400, 404, 413, 500, 501, 503, 504),
+        },
+    }
     return {
         "openapi": "3.0.1",
         "info": {"title": "Ferry inference API", "version": __version__},
@@ -94,11 +107,39 @@ def inference_description() -> dict[str, Any]:
                     },
                 }
             },
+            "/ping/{model_name}": {
+                "parameters": [_MODEL],
+                "get": {
+                    "summary": "Readiness of one model: 200 once a worker can take requests",
+                    "responses": {
+                        "200": {"description": "Ready"},
+                        "503": {"description": "NotReady, with the reason"},
+                        **_inference_errors(404),
+                    },
+                },
+            },
             "/predictions/{model_name}": {"parameters": [_MODEL], "post": predict, "put": predict},
             "/predictions/{model_name}/{model_version}": {
                 "parameters": [_MODEL, _VERSION],
                 "post": predict,
                 "put": predict,
+            },
+            "/explanations/{model_name}": {"parameters": [_MODEL], "post": explain, "put": explain},
+            "/explanations/{model_name}/{model_version}": {
+                "parameters": [_MODEL, _VERSION],
+                "post": explain,
+                "put": explain,
+            },
+            "/wfpredict/{workflow_name}": {
+                "parameters": [_WORKFLOW],
+                "post": {
+                    "summary": "Run a request through a workflow's DAG",
+                    "requestBody": predict["requestBody"],
+                    "responses": {
+                        "200": {"description": "The last node's output (JSON)"},
+                        **_inference_errors(404, 413, 500),
+                    },
+                },
             },
             "/api-description": {
                 "get": {
@@ -126,7 +167,10 @@ def management_description() -> dict[str, Any]:
     }
     describe = {
         "summary": "Describe a model version ('all' for every version)",
-        "responses": {"200": {"description": "Model status list"}, **_errors(401, 404)},
+        "parameters": [
+            _param("customized", "query", _BOOL, "Add the handler's describe_handle output"),
+        ],
+        "responses": {"200": {"description": "Model status list"}, **_errors(401, 404, 503)},
     }
     unregister = {
         "summary": "Unregister a model version (needs --enable-model-api)",
@@ -146,7 +190,7 @@ def management_description() -> dict[str, Any]:
         _param("batch_size", "query", _INT, "Largest batch"),
         _param("max_batch_delay", "query", _INT, "Milliseconds the oldest request may wait"),
         _param("initial_workers", "query", _INT, "Workers to start (default 0)"),
-        _param("synchronous", "query", _BOOL, "Wait for the workers (200) or not (202)"),
+        _param("synchronous", "query", _BOOL, "Wait for the workers (200, default) or not (202)"),
         _param("response_timeout", "query", _INT, "Seconds per batch before a worker is replaced"),
         _param("startup_timeout", "query", _INT, "Seconds a worker may take to load"),
     ]
@@ -194,6 +238,49 @@ def management_description() -> dict[str, Any]:
                 "put": {
                     "summary": "Make this version the default",
                     "responses": {"200": _json(_STATUS, "Updated"), **_errors(401, 404)},
+                },
+            },
+            "/workflows": {
+                "get": {
+                    "summary": "List workflows",
+                    "parameters": [
+                        _param("limit", "query", _INT, "Page size (default 100)"),
+                        _param("next_page_token", "query", _INT, "Offset from a previous page"),
+                    ],
+                    "responses": {"200": {"description": "workflows"}, **_errors(400, 401)},
+                },
+                "post": {
+                    "summary": "Register a .war workflow (needs --enable-model-api)",
+                    "parameters": [
+                        _param(
+                            "url",
+                            "query",
+                            {"type": "string"},
+                            ".war in the workflow store, or an allowed URL",
+                            required=True,
+                        ),
+                        _param("workflow_name", "query", {"type": "string"}, "Overrides the name"),
+                        _param("response_timeout", "query", _INT, "Seconds per node batch"),
+                        _param("startup_timeout", "query", _INT, "Seconds a node may take to load"),
+                    ],
+                    "responses": {
+                        "200": _json(_STATUS, "Registered"),
+                        **_errors(400, 401, 404, 405, 409, 500),
+                    },
+                },
+            },
+            "/workflows/{workflow_name}": {
+                "parameters": [_WORKFLOW],
+                "get": {
+                    "summary": "Describe a workflow",
+                    "responses": {"200": {"description": "Workflow"}, **_errors(401, 404)},
+                },
+                "delete": {
+                    "summary": "Unregister a workflow and its node models",
+                    "responses": {
+                        "200": _json(_STATUS, "Unregistered"),
+                        **_errors(401, 404, 405),
+                    },
                 },
             },
             "/api-description": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,25 @@ def test_base_handler_keeps_torchserve_loading_helpers(tmp_path: Path) -> None:
     eager = handler._load_pickled_model(str(tmp_path), "helper_model.py", str(tmp_path / "w.pt"))
     for model in (scripted, eager):
         assert torch.equal(model(torch.ones(2, 1)), torch.full((2, 1), 2.0))
+
+
+def test_explanations_without_captum_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from ferry.handlers.exceptions import PredictionException
+    from ferry.handlers.insights import IntegratedGradients
+
+    real_import = builtins.__import__
+
+    def no_captum(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("captum"):
+            raise ImportError("No module named 'captum'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_captum)
+    monkeypatch.delitem(sys.modules, "captum.attr", raising=False)
+    monkeypatch.delitem(sys.modules, "captum", raising=False)
+    with pytest.raises(PredictionException) as raised:
+        IntegratedGradients(torch.nn.Linear(2, 2)).attribute(torch.ones(1, 2), 0)
+    assert raised.value.error_code == 501
+    assert "pip install 'ferry[explain]'" in raised.value.message
