@@ -16,6 +16,10 @@ from ferry.config.image_limits import DEFAULT_IMAGE_FORMATS, DEFAULT_MAX_IMAGE_P
 from ferry.errors import ConfigError
 
 
+ENVELOPES = ("json", "body", "kserve", "kservev2")
+"""TorchServe's request envelopes (``service_envelope``)."""
+
+
 @dataclass(frozen=True)
 class Address:
     """Where a listener binds: a host and port (port 0 asks the OS for a free one), or a
@@ -133,6 +137,9 @@ class ServerSettings:
     """Allow registering and unregistering models through the management API."""
     workflow_store: Path | None = None
     """Where ``.war`` workflow archives are found (the model store when None)."""
+    service_envelope: str = ""
+    """TorchServe's request envelope for every model (``json``, ``body``, ``kserve``,
+    ``kservev2``), applied in the workers around each handler; empty: none."""
     install_py_dep_per_model: bool = False
     """pip-install each archive's requirements file for its workers (``ferry.store.packages``)."""
     disable_token_authorization: bool = False

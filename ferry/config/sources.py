@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.config.image_limits import DEFAULT_MAX_IMAGE_PIXELS
-from ferry.config.settings import Address, ServerSettings
+from ferry.config.settings import ENVELOPES, Address, ServerSettings
 from ferry.errors import ConfigError
 
 log = logging.getLogger("ferry.config")
@@ -87,6 +87,14 @@ def _api_key(key: str, text: str) -> str:
 
 def _list(key: str, text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _envelope(key: str, text: str) -> str:
+    """TorchServe's request envelopes; empty means none (KServe sets the variable empty)."""
+    value = text.strip().lower()
+    if value and value not in ENVELOPES:
+        raise ConfigError(f"{key}: expected one of {', '.join(ENVELOPES)} or nothing, got {text!r}")
+    return value
 
 
 def _choice(*choices: str) -> Parser:
@@ -179,6 +187,7 @@ OPTIONS = (
     Option("management_key", "management_key", _api_key),
     Option("inference_key", "inference_key", _api_key),
     Option("enable_envvars_config", "enable_envvars_config", _boolean, switch=True),
+    Option("service_envelope", "service_envelope", _envelope),
     Option("log_format", "log_format", _choice("plain", "json")),
     Option("access_log", "access_log", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
