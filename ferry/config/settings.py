@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 from ferry.config.image_limits import DEFAULT_IMAGE_FORMATS, DEFAULT_MAX_IMAGE_PIXELS
 from ferry.errors import ConfigError
 
-
 ENVELOPES = ("json", "body", "kserve", "kservev2")
 """TorchServe's request envelopes (``service_envelope``)."""
 
