@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
-	$(BIN)/pip install --quiet -e '.[bench,onnx,explain]'
+	$(BIN)/pip install --quiet -e '.[bench,onnx,explain,grpc]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -44,6 +44,7 @@ from ferry.scheduling.registry import ModelRegistry, ModelVersion
 from ferry.service_types import (
     Health,
     InputPart,
+    ModelMetadata,
     ModelPage,
     ModelRef,
     OnPredictionPart,
@@ -52,6 +53,7 @@ from ferry.service_types import (
     Readiness,
     RegisterRequest,
     Registration,
+    TensorSpec,
 )
 from ferry.snapshots import ServerSnapshot, VersionSnapshot, snapshot_folder, write_snapshot
 from ferry.status import ModelStatus, model_status
@@ -304,6 +306,7 @@ class FerryService:
                 self.settings.limit_max_image_pixels, self.settings.allowed_image_formats
             ),
             package_dirs=[str(archive.packages)] if archive.packages else [],
+            envelope=self.settings.service_envelope,
         )
         metrics = self.metrics.for_model(archive.name, archive.version)
         runner = ModelRunner(
@@ -637,6 +640,22 @@ class FerryService:
         answer = await job.future
         return answer.body
 
+    def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """The model's declared tensors (model-config.yaml ``tensor_metadata``: ``inputs``
+        and ``outputs``, each a list of ``{name, datatype, shape}``; none when absent)."""
+        entry = self.registry.get(name, version)
+        declared = entry.archive.config.raw.get("tensor_metadata") or {}
+        return ModelMetadata(
+            name=entry.archive.name,
+            versions=[v.archive.version for v in self.registry.versions_of(name)],
+            platform="pytorch",
+            inputs=_tensor_specs(declared, "inputs", name),
+            outputs=_tensor_specs(declared, "outputs", name),
+        )
+
+    def model_names(self) -> list[str]:
+        return self.registry.names()
+
     def all_statuses(self) -> list[ModelStatus]:
         """Every registered version, by model name (the start-up summary)."""
         return [model_status(entry) for entry in self.registry.all_versions()]
@@ -680,6 +699,24 @@ class FerryService:
         for entry in entries:
             entry.archive.free()
         self._work_dir.cleanup()
+
+
+def _tensor_specs(declared: object, key: str, model: str) -> list[TensorSpec]:
+    entries = declared.get(key, []) if isinstance(declared, dict) else []
+    specs = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            shape = entry.get("shape", [])
+            specs.append(
+                TensorSpec(
+                    entry["name"],
+                    str(entry.get("datatype", "BYTES")),
+                    [int(d) for d in shape] if isinstance(shape, list) else [],
+                )
+            )
+        else:
+            log.warning("model %s: tensor_metadata.%s entry %r ignored", model, key, entry)
+    return specs
 
 
 def _startup_timeout(

@@ -55,6 +55,26 @@ class ModelRef:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """One input or output a model declares (model-config.yaml ``tensor_metadata``)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What the Open Inference Protocol's model metadata call answers."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+@dataclass(frozen=True)
 class Health:
     """The server's health, by TorchServe's ``/ping`` rule."""
 
@@ -110,6 +130,7 @@ class ModelPage:
 __all__ = [
     "Health",
     "InputPart",
+    "ModelMetadata",
     "ModelPage",
     "ModelRef",
     "OnPredictionPart",
@@ -118,4 +139,5 @@ __all__ = [
     "Readiness",
     "RegisterRequest",
     "Registration",
+    "TensorSpec",
 ]

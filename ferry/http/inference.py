@@ -15,6 +15,7 @@ from starlette.routing import Route
 from ferry.errors import FerryError
 from ferry.http.errors import error_response, exception_handlers
 from ferry.http.hang_up import on_hang_up
+from ferry.http.kserve import kserve_routes
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.http.streaming import prediction_response
@@ -123,6 +124,7 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
         Route("/explanations/{model}", explain, methods=["POST", "PUT"]),
         Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
         *workflow_inference_routes(workflows, record, limit),
+        *kserve_routes(service, record, limit),
         *description_routes(inference_description()),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers(record))

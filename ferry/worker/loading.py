@@ -19,6 +19,7 @@ from typing import Any
 
 from ferry._compat import SHIM_ROOT
 from ferry.config.image_limits import ImageLimits
+from ferry.handlers import request_envelope
 from ferry.handlers.context import Context
 from ferry.handlers.loader import EntryPoint, load_entry_point
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
@@ -66,6 +67,7 @@ def load_handler(
     name: str,
     image_limits: ImageLimits | None = None,
     package_dirs: Sequence[str] = (),
+    envelope: str = "",
 ) -> ReadyHandler:
     """Import, instantiate and initialise ``handler`` (the manifest's handler string)."""
     prepare_imports(model_dir, package_dirs)
@@ -80,14 +82,21 @@ def load_handler(
     )
     entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
+    _add_pipeline(ready, model_yaml_config)
+    # Outermost, as TorchServe wraps the handler's entry point in it.
+    ready.entry = request_envelope.wrap(ready.entry, envelope)
+    return ready
+
+
+def _add_pipeline(ready: ReadyHandler, model_yaml_config: dict[str, Any]) -> None:
+    """The stage pipeline around the handler, when model-config.yaml asks for one."""
     settings = PipelineSettings.from_model_config(model_yaml_config)
     if settings is None:
-        return ready
-    staged = staged_handler(entry)
+        return
+    staged = staged_handler(ready.entry)
     if staged is None:
         log.warning("micro_batching ignored: the handler has no preprocess/inference/postprocess")
-        return ready
+        return
     log.info("stage pipeline on: %s", settings)
     ready.pipeline = StagePipeline(staged, settings)
     ready.entry = ready.pipeline.handle
-    return ready

@@ -70,6 +70,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         name=spec.model_name,
         image_limits=spec.image_limits,
         package_dirs=spec.package_dirs,
+        envelope=spec.envelope,
     )
     return BatchRunner(ready.entry, ready.context, send), _chosen_device(ready.instance, spec)
 

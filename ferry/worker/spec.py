@@ -23,6 +23,8 @@ class WorkerSpec:
     """What the built-in vision handlers decode (the server's image settings)."""
     package_dirs: list[str] = field(default_factory=list)
     """Folders of the model's own packages, imported ahead of the server's."""
+    envelope: str = ""
+    """TorchServe's request envelope around the handler (``service_envelope``); "" for none."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

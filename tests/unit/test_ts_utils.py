@@ -186,7 +186,9 @@ def test_base_envelope_wraps_a_handle_function() -> None:
     context = MockContext(model_pt_file=None)
     assert envelope.handle([{"x": 1}, {"x": 2}], context) == [{"y": 2}, {"y": 3}]
     with pytest.raises(NotImplementedError):
-        BaseEnvelope(lambda rows, context: rows).handle([], context)
+        BaseEnvelope(lambda rows, context: rows).handle([{"x": 1}], context)
+    # As TorchServe's: an empty batch is neither parsed nor formatted.
+    assert BaseEnvelope(lambda rows, context: rows).handle([], context) == []
 
 
 def test_metrics_survive_a_copy_into_a_preprocess_process() -> None:

@@ -1,0 +1,203 @@
+"""KServe's protocols on the inference port, beside TorchServe's paths: the Open Inference
+Protocol V2 (``/v2/...``, with the binary tensor data extension) and KServe V1
+(``/v1/models/...``). Each request becomes one ``service.predict`` call, so it queues and
+batches with every other protocol's requests for the model (``ferry.protocols.v2`` says
+what the handler receives). Errors are ``{"error": message}`` with the status of
+``ferry.http.errors``' table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ferry import __version__
+from ferry.errors import FerryError, InvalidInput
+from ferry.http.errors import StatusRecorder, lookup
+from ferry.http.hang_up import on_hang_up
+from ferry.http.request_body import read_limited
+from ferry.protocols import v2
+from ferry.service import FerryService
+from ferry.service_types import InputPart, Prediction, TensorSpec
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _json(document: Any, status: int = 200) -> Response:
+    return Response(json.dumps(document), status_code=status, media_type="application/json")
+
+
+def _error(error: FerryError) -> Response:
+    status, _ = lookup(error)
+    return Response(v2.error_document(str(error)), status, media_type="application/json")
+
+
+def _guarded(endpoint: Endpoint, record: StatusRecorder) -> Endpoint:
+    """KServe's error body for the domain errors an endpoint raises."""
+
+    async def call(request: Request) -> Response:
+        try:
+            response = await endpoint(request)
+        except FerryError as error:
+            response = _error(error)
+        record(response.status_code)
+        return response
+
+    return call
+
+
+def _version(request: Request) -> str | None:
+    version: str | None = request.path_params.get("version")
+    return version
+
+
+def _spec(tensor: TensorSpec) -> dict[str, Any]:
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+
+
+def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> list[Route]:
+    async def predict(request: Request, model: str, body: bytes) -> Prediction:
+        version = service.admit(model, _version(request)).version
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers["content-type"] = "application/json"
+        part = InputPart("body", "application/json", body)
+        return await service.predict(model, version, [part], headers, on_hang_up(request.scope))
+
+    # --- Open Inference Protocol V2 ------------------------------------------------------
+
+    async def server_metadata(request: Request) -> Response:
+        return _json(
+            {"name": "ferry", "version": __version__, "extensions": ["binary_tensor_data"]}
+        )
+
+    async def live(request: Request) -> Response:
+        return _json({"live": True})
+
+    async def ready(request: Request) -> Response:
+        healthy = service.health().ok
+        return _json({"ready": healthy}, 200 if healthy else 503)
+
+    async def model_metadata(request: Request) -> Response:
+        metadata = service.metadata(request.path_params["model"], _version(request))
+        return _json(
+            {
+                "name": metadata.name,
+                "versions": metadata.versions,
+                "platform": metadata.platform,
+                "inputs": [_spec(t) for t in metadata.inputs],
+                "outputs": [_spec(t) for t in metadata.outputs],
+            }
+        )
+
+    async def model_ready(request: Request) -> Response:
+        readiness = service.readiness(request.path_params["model"], _version(request))
+        document: dict[str, Any] = {"name": readiness.model.name, "ready": readiness.ready}
+        if readiness.reason:
+            document["reason"] = readiness.reason
+        return _json(document, 200 if readiness.ready else 503)
+
+    async def infer(request: Request) -> Response:
+        model = request.path_params["model"]
+        service.admit(model, _version(request))  # 404 / 503 before reading the body
+        body = await read_limited(request, limit, "max_request_size")
+        parsed = v2.parse_request(body, request.headers.get(v2.BINARY_HEADER))
+        document = json.dumps(parsed.handler_document()).encode()
+        answer = await predict(request, model, document)
+        try:
+            outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
+        except ValueError as exc:
+            raise InvalidInput(f"the handler's answer is not a V2 response: {exc}") from exc
+        outputs = v2.select_outputs(outputs, parsed.outputs)
+        ref = service.resolve(model, _version(request))
+        content, header_length = v2.encode_response(
+            ref.name, ref.version, parsed, outputs, answer_id
+        )
+        headers = {"x-request-id": answer.request_id}
+        if header_length is None:
+            return Response(content, headers=headers, media_type="application/json")
+        headers[v2.BINARY_HEADER] = str(header_length)
+        return Response(content, headers=headers, media_type="application/octet-stream")
+
+    # --- KServe V1 -----------------------------------------------------------------------
+
+    async def v1_models(request: Request) -> Response:
+        return _json({"models": service.model_names()})
+
+    async def v1_model(request: Request) -> Response:
+        readiness = service.readiness(request.path_params["model"])
+        if not readiness.ready:
+            message = f"Model with name {readiness.model.name} is not ready."
+            return Response(v2.error_document(message), 503, media_type="application/json")
+        return _json({"name": readiness.model.name, "ready": True})
+
+    async def v1_verb(request: Request) -> Response:
+        """``POST /v1/models/NAME:predict`` and ``:explain`` (one route: a model name may
+        itself hold a colon-free suffix, so the verb is split off the last colon)."""
+        model, _, verb = request.path_params["target"].rpartition(":")
+        if verb not in ("predict", "explain") or not model:
+            return Response(v2.error_document("expected :predict or :explain"), 404)
+        service.admit(model)
+        body = await read_limited(request, limit, "max_request_size")
+        _check_instances(body)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        part = InputPart("body", "application/json", body)
+        answer = await service.predict(
+            model, None, [part], headers, on_hang_up(request.scope), explain=verb == "explain"
+        )
+        return Response(
+            _v1_answer(answer, "explanations" if verb == "explain" else "predictions"),
+            status_code=answer.status,
+            headers={"x-request-id": answer.request_id},
+            media_type="application/json",
+        )
+
+    def guarded(endpoint: Endpoint) -> Endpoint:
+        return _guarded(endpoint, record)
+
+    def model_paths(suffix: str, endpoint: Endpoint, methods: list[str]) -> list[Route]:
+        return [
+            Route(f"/v2/models/{{model}}{suffix}", guarded(endpoint), methods=methods),
+            Route(
+                f"/v2/models/{{model}}/versions/{{version}}{suffix}",
+                guarded(endpoint),
+                methods=methods,
+            ),
+        ]
+
+    return [
+        Route("/v2", guarded(server_metadata), methods=["GET"]),
+        Route("/v2/health/live", guarded(live), methods=["GET"]),
+        Route("/v2/health/ready", guarded(ready), methods=["GET"]),
+        *model_paths("", model_metadata, ["GET"]),
+        *model_paths("/ready", model_ready, ["GET"]),
+        *model_paths("/infer", infer, ["POST"]),
+        Route("/v1/models", guarded(v1_models), methods=["GET"]),
+        Route("/v1/models/{model}", guarded(v1_model), methods=["GET"]),
+        Route("/v1/models/{target}", guarded(v1_verb), methods=["POST"]),
+    ]
+
+
+def _check_instances(body: bytes) -> None:
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise InvalidInput(f"Unrecognized request format: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("instances"), list):
+        raise InvalidInput('Expected "instances" to be a list')
+
+
+def _v1_answer(answer: Prediction, key: str) -> bytes:
+    """The handler's answer as KServe V1: a document that is already one (the ``kserve``
+    envelope's) as it is, anything else under ``predictions`` / ``explanations``."""
+    try:
+        value = json.loads(answer.body)
+    except ValueError:
+        value = answer.body.decode(errors="replace")
+    if isinstance(value, dict) and ("predictions" in value or "explanations" in value):
+        return answer.body
+    return json.dumps({key: value}).encode()

@@ -1,0 +1,439 @@
+"""The Open Inference Protocol V2 (KServe V2, Triton's HTTP/REST protocol): tensors in JSON
+and in the binary tensor data extension.
+
+The rule Ferry applies (documented in the README, "KServe and the Open Inference
+Protocol"): one V2 request is one request to the handler, whatever its tensors' first
+dimension, so it batches with requests from every other protocol. The handler receives the
+request as JSON (``{"id", "parameters", "inputs": [{"name", "shape", "datatype",
+"parameters", "data"}]}``, binary inputs decoded into ``data``), and TorchServe's
+``kservev2`` envelope turns that into its rows for handlers written for TorchServe on
+KServe. The handler's answer becomes the response's outputs: a V2 response document (what
+the envelope produces) as it is, anything else as one output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferry.errors import InvalidInput
+
+BINARY_HEADER = "inference-header-content-length"
+"""The binary tensor data extension's header: the length of the JSON part of a body."""
+
+# datatype -> (struct code for one element, bytes per element); BYTES is length-prefixed.
+_FIXED: dict[str, tuple[str, int]] = {
+    "BOOL": ("?", 1),
+    "UINT8": ("B", 1),
+    "UINT16": ("H", 2),
+    "UINT32": ("I", 4),
+    "UINT64": ("Q", 8),
+    "INT8": ("b", 1),
+    "INT16": ("h", 2),
+    "INT32": ("i", 4),
+    "INT64": ("q", 8),
+    "FP16": ("e", 2),
+    "FP32": ("f", 4),
+    "FP64": ("d", 8),
+    "BF16": ("", 2),
+}
+DATATYPES = (*_FIXED, "BYTES")
+_INT_RANGES = {
+    "UINT8": (0, 2**8 - 1),
+    "UINT16": (0, 2**16 - 1),
+    "UINT32": (0, 2**32 - 1),
+    "UINT64": (0, 2**64 - 1),
+    "INT8": (-(2**7), 2**7 - 1),
+    "INT16": (-(2**15), 2**15 - 1),
+    "INT32": (-(2**31), 2**31 - 1),
+    "INT64": (-(2**63), 2**63 - 1),
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any]
+    """Row-major, flat: numbers, bools, or strings for BYTES."""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "shape": self.shape,
+            "datatype": self.datatype,
+            "data": self.data,
+        }
+        if self.parameters:
+            entry["parameters"] = self.parameters
+        return entry
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput]
+    binary_outputs: bool
+    """``parameters.binary_data_output``: every output in binary unless it says otherwise."""
+
+    def handler_document(self) -> dict[str, Any]:
+        """What the handler receives (as JSON), binary inputs decoded."""
+        document: dict[str, Any] = {"inputs": [tensor.document() for tensor in self.inputs]}
+        if self.id is not None:
+            document["id"] = self.id
+        if self.parameters:
+            document["parameters"] = self.parameters
+        return document
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+def parse_request(body: bytes, header_length: str | None) -> InferRequest:
+    """A V2 infer request: JSON, or JSON then binary tensor data when ``header_length``
+    (the ``Inference-Header-Content-Length`` header) is given. Raises ``InvalidInput``."""
+    json_part, binary = body, b""
+    if header_length is not None:
+        try:
+            length = int(header_length)
+        except ValueError:
+            message = f"{BINARY_HEADER} must be an integer, got {header_length!r}"
+            raise InvalidInput(message) from None
+        if not 0 <= length <= len(body):
+            raise InvalidInput(f"{BINARY_HEADER} {length} exceeds the body's {len(body)} bytes")
+        json_part, binary = body[:length], body[length:]
+    try:
+        document = json.loads(json_part)
+    except ValueError as exc:
+        raise InvalidInput(f"the request is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise InvalidInput("the request must be a JSON object with 'inputs'")
+    return _request(document, binary)
+
+
+def _request(document: dict[str, Any], binary: bytes) -> InferRequest:
+    inputs = document.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    parameters = _parameters(document.get("parameters"), "parameters")
+    chunks = _BinaryChunks(binary)
+    tensors = [_input(entry, index, chunks) for index, entry in enumerate(inputs)]
+    chunks.finish()
+    request_id = document.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return InferRequest(
+        request_id,
+        parameters,
+        tensors,
+        _requested_outputs(document.get("outputs")),
+        bool(parameters.get("binary_data_output", False)),
+    )
+
+
+class _BinaryChunks:
+    """The binary part of a request, handed out to the inputs that declare a size."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.offset = 0
+
+    def take(self, size: int, name: str) -> bytes:
+        if self.offset + size > len(self.data):
+            raise InvalidInput(
+                f"input {name!r}: binary_data_size {size} runs past the end of the body"
+            )
+        chunk = self.data[self.offset : self.offset + size]
+        self.offset += size
+        return chunk
+
+    def finish(self) -> None:
+        if self.offset != len(self.data):
+            raise InvalidInput(
+                f"{len(self.data) - self.offset} bytes of binary data belong to no input"
+            )
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"'{where}' must be an object")
+    return dict(value)
+
+
+def _requested_outputs(value: Any) -> list[RequestedOutput]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput("'outputs' must be a list")
+    requested = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InvalidInput("each requested output must be an object with a 'name'")
+        parameters = _parameters(entry.get("parameters"), f"outputs[{entry['name']}].parameters")
+        requested.append(RequestedOutput(entry["name"], bool(parameters.get("binary_data"))))
+    return requested
+
+
+def _input(entry: Any, index: int, chunks: _BinaryChunks) -> Tensor:
+    if not isinstance(entry, dict):
+        raise InvalidInput(f"inputs[{index}] must be an object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"inputs[{index}] needs a 'name'")
+    datatype = entry.get("datatype")
+    if datatype not in DATATYPES:
+        raise InvalidInput(
+            f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
+        )
+    shape = _shape(entry.get("shape"), name)
+    parameters = _parameters(entry.get("parameters"), f"input {name!r} parameters")
+    size = parameters.pop("binary_data_size", None)
+    if size is not None:
+        if not isinstance(size, int) or size < 0:
+            raise InvalidInput(f"input {name!r}: binary_data_size must be a whole number")
+        data = decode_binary(chunks.take(size, name), datatype, name)
+    elif "data" in entry:
+        data = list(_flatten(entry["data"]))
+    else:
+        raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
+    _check_elements(data, datatype, shape, name)
+    return Tensor(name, datatype, shape, data, parameters)
+
+
+def _shape(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        raise InvalidInput(f"input {name!r}: 'shape' must be a list of whole numbers")
+    return list(value)
+
+
+def _flatten(data: Any) -> Iterator[Any]:
+    if isinstance(data, list):
+        for item in data:
+            yield from _flatten(item)
+    else:
+        yield data
+
+
+def _check_elements(data: list[Any], datatype: str, shape: list[int], name: str) -> None:
+    expected = math.prod(shape)
+    if len(data) != expected:
+        raise InvalidInput(
+            f"input {name!r}: shape {shape} holds {expected} elements, the data has {len(data)}"
+        )
+    valid = _validator(datatype)
+    for value in data:
+        if not valid(value):
+            raise InvalidInput(f"input {name!r}: {value!r} is not a valid {datatype} element")
+
+
+def _validator(datatype: str) -> Any:
+    if datatype == "BOOL":
+        return lambda v: isinstance(v, bool)
+    if datatype == "BYTES":
+        return lambda v: isinstance(v, str)
+    if datatype in _INT_RANGES:
+        low, high = _INT_RANGES[datatype]
+        return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+    return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def decode_binary(raw: bytes, datatype: str, name: str) -> list[Any]:
+    """Little-endian, row-major tensor bytes as a flat list. BYTES elements (a 4-byte
+    length, then the bytes) become base64 text, as KServe's wrapper handed them to
+    TorchServe: JSON cannot carry raw bytes."""
+    if datatype == "BYTES":
+        return [base64.b64encode(item).decode() for item in _length_prefixed(raw, name)]
+    code, width = _FIXED[datatype]
+    if len(raw) % width:
+        raise InvalidInput(f"input {name!r}: {len(raw)} bytes is not a whole number of {datatype}")
+    count = len(raw) // width
+    if datatype == "BF16":  # the top half of a float32
+        halves = struct.unpack(f"<{count}H", raw)
+        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
+    return list(struct.unpack(f"<{count}{code}", raw))
+
+
+def _length_prefixed(raw: bytes, name: str) -> Iterator[bytes]:
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: a BYTES element's length is cut off")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidInput(f"input {name!r}: a BYTES element runs past its data")
+        yield raw[offset : offset + length]
+        offset += length
+
+
+def encode_binary(tensor: Tensor) -> bytes:
+    if tensor.datatype == "BYTES":
+        items = [v.encode() if isinstance(v, str) else bytes(v) for v in tensor.data]
+        return b"".join(struct.pack("<I", len(item)) + item for item in items)
+    code, _ = _FIXED[tensor.datatype]
+    if tensor.datatype == "BF16":
+        words = [struct.unpack("<I", struct.pack("<f", v))[0] >> 16 for v in tensor.data]
+        return struct.pack(f"<{len(words)}H", *words)
+    return struct.pack(f"<{len(tensor.data)}{code}", *tensor.data)
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def outputs_from_answer(body: bytes, content_type: str) -> tuple[list[Tensor], str | None]:
+    """The response tensors for a handler's answer, and the ``id`` it gave, if any.
+
+    A V2 response document (``{"outputs": [...]}``, e.g. from the ``kservev2`` envelope)
+    gives its outputs; any other JSON value is one output ``output-0`` whose shape and
+    datatype follow the value; non-JSON bytes are one BYTES element."""
+    if content_type.startswith("application/json"):
+        try:
+            value = json.loads(body)
+        except ValueError:
+            value = None
+        else:
+            if isinstance(value, dict) and isinstance(value.get("outputs"), list):
+                outputs = [_output(entry, i) for i, entry in enumerate(value["outputs"])]
+                answer_id = value.get("id")
+                return outputs, answer_id if isinstance(answer_id, str) else None
+            return [tensor_from_value("output-0", value)], None
+    text = body.decode("utf-8", errors="replace") if _is_utf8(body) else _b64(body)
+    return [Tensor("output-0", "BYTES", [1], [text])], None
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _b64(body: bytes) -> str:
+    return base64.b64encode(body).decode()
+
+
+def _output(entry: Any, index: int) -> Tensor:
+    if not isinstance(entry, dict):
+        raise ValueError(f"outputs[{index}] is not an object")
+    data = list(_flatten(entry.get("data", [])))
+    datatype = entry.get("datatype") or _datatype_of(data)
+    shape = entry.get("shape")
+    if not isinstance(shape, list):
+        shape = [len(data)]
+    return Tensor(
+        str(entry.get("name", f"output-{index}")),
+        str(datatype),
+        [int(d) for d in shape],
+        data,
+        _parameters(entry.get("parameters"), "output parameters"),
+    )
+
+
+def tensor_from_value(name: str, value: Any) -> Tensor:
+    """A JSON value as a tensor: nested lists give the shape, their elements the datatype;
+    anything that is not a rectangular array of scalars (a dict, a ragged list) is one
+    BYTES element holding its JSON text."""
+    shape = _rectangular_shape(value)
+    data = list(_flatten(value)) if shape is not None else []
+    if shape is None or any(isinstance(v, dict | list) or v is None for v in data):
+        return Tensor(name, "BYTES", [1], [json.dumps(value)])
+    return Tensor(name, _datatype_of(data), shape, data)
+
+
+def _rectangular_shape(value: Any) -> list[int] | None:
+    if not isinstance(value, list):
+        return []
+    if not value:
+        return [0]
+    shapes = [_rectangular_shape(item) for item in value]
+    if any(shape is None or shape != shapes[0] for shape in shapes):
+        return None
+    first = shapes[0]
+    assert first is not None
+    return [len(value), *first]
+
+
+def _datatype_of(data: Sequence[Any]) -> str:
+    if data and all(isinstance(v, bool) for v in data):
+        return "BOOL"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in data):
+        return "INT64"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in data):
+        return "FP64"  # JSON numbers, as TorchServe's kservev2 envelope types Python floats
+    return "BYTES"
+
+
+def select_outputs(outputs: list[Tensor], requested: list[RequestedOutput]) -> list[Tensor]:
+    """Only the requested outputs, in the order requested; all when none are named."""
+    if not requested:
+        return outputs
+    by_name = {tensor.name: tensor for tensor in outputs}
+    missing = [r.name for r in requested if r.name not in by_name]
+    if missing:
+        raise InvalidInput(
+            f"unknown output {missing[0]!r}; the model answers {', '.join(by_name) or 'nothing'}"
+        )
+    return [by_name[r.name] for r in requested]
+
+
+def encode_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    outputs: list[Tensor],
+    answer_id: str | None,
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON part's length when binary outputs follow it."""
+    binary_names = {r.name for r in request.outputs if r.binary}
+    if request.binary_outputs:
+        flagged = {r.name for r in request.outputs}
+        binary_names |= {t.name for t in outputs if t.name not in flagged}
+    entries, blobs = [], []
+    for tensor in outputs:
+        if tensor.name in binary_names:
+            blob = encode_binary(tensor)
+            blobs.append(blob)
+            parameters = {**tensor.parameters, "binary_data_size": len(blob)}
+            entries.append(
+                {
+                    "name": tensor.name,
+                    "shape": tensor.shape,
+                    "datatype": tensor.datatype,
+                    "parameters": parameters,
+                }
+            )
+        else:
+            entries.append(tensor.document())
+    document: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    identifier = request.id if request.id is not None else answer_id
+    if identifier is not None:
+        document["id"] = identifier
+    document["outputs"] = entries
+    header = json.dumps(document).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def error_document(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
