@@ -465,7 +465,7 @@ class FerryService:
             )
             if config.min_workers is None:
                 config = config.merged(min_workers=0)  # TorchServe's default for registration
-            archive = dataclasses.replace(archive, config=config)
+            archive = dataclasses.replace(archive, config=config, downloaded=download)
             return await self._with_packages(archive)
 
     async def register(self, request: RegisterRequest) -> Registration:
@@ -533,17 +533,20 @@ class FerryService:
         store = self.settings.model_store
         if store is None:
             raise InvalidRequest("no --model-store is configured")
-        relative = url
+        relative, download = url, None
         if is_remote(url):
             relative = await fetch_archive(url, store, self.settings.allowed_urls)
-        return await asyncio.to_thread(
-            open_model,
-            store,
-            relative,
-            Path(self._work_dir.name),
-            name,
-            max_unpacked_size=self.settings.max_unpacked_size,
-        )
+            download = store / relative
+        with removed_on_failure(download):
+            archive = await asyncio.to_thread(
+                open_model,
+                store,
+                relative,
+                Path(self._work_dir.name),
+                name,
+                max_unpacked_size=self.settings.max_unpacked_size,
+            )
+        return dataclasses.replace(archive, downloaded=download)
 
     async def load_archive(self, archive: ModelArchive, startup_timeout: float | None) -> None:
         """Register ``archive`` and wait for its workers; raises ``ModelLoadFailed`` (and
@@ -557,6 +560,8 @@ class FerryService:
         entry = self.registry.remove(name, version)
         await entry.runner.stop()
         await asyncio.to_thread(entry.archive.free)  # its workers are gone
+        if entry.archive.downloaded is not None:
+            entry.archive.downloaded.unlink(missing_ok=True)
         self.metrics.forget_model(entry.archive.name, entry.archive.version)
         return ModelRef(entry.archive.name, entry.archive.version)
 

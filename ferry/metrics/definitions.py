@@ -181,7 +181,10 @@ class FerryMetrics:
             ("HandlerTime", "gauge", TS_MODEL, "Handler time of the latest batch, ms."),
             ("PredictionTime", "gauge", TS_MODEL, "Worker time of the latest batch, ms."),
         ]
-        return {name: Family(name, text, kind, labels) for name, kind, labels, text in table}
+        return {
+            name: Family(name, text, kind, labels, java_style=True)
+            for name, kind, labels, text in table
+        }
 
     def _host(self, name: str) -> Gauge:
         return self.torchserve[name].gauge(*self.host_labels)

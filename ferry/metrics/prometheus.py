@@ -35,16 +35,23 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+def _labels(
+    names: Sequence[str], values: Sequence[str], extra: str = "", *, java: bool = False
+) -> str:
     pairs = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
     if extra:
         pairs.append(extra)
-    return "{" + ",".join(pairs) + "}" if pairs else ""
+    if not pairs:
+        return ""
+    # Java's Prometheus client ends every label set with a comma (valid in the format).
+    return "{" + ",".join(pairs) + ("," if java else "") + "}"
 
 
-def _number(value: float) -> str:
+def _number(value: float, *, java: bool = False) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
+    if java:
+        return repr(float(value))  # always a double: 22.0, as TorchServe writes it
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
@@ -88,8 +95,13 @@ class Family:
         kind: str,
         label_names: Sequence[str],
         buckets: Sequence[float] = (),
+        *,
+        java_style: bool = False,
     ) -> None:
         self.name, self.help, self.kind = name, help_text, kind
+        self.java_style = java_style
+        """Written as TorchServe's Java client writes it (its own metrics' names), so tools
+        that match TorchServe's text exactly (its postman collections) match Ferry's."""
         self.label_names = tuple(label_names)
         self.buckets = tuple(buckets)
         self.children: dict[tuple[str, ...], Child] = {}
@@ -141,7 +153,9 @@ class Family:
                 yield f"{self.name}_sum{labels} {_number(child.sum)}"
                 yield f"{self.name}_count{labels} {cumulative}"
             else:
-                yield f"{self.name}{_labels(self.label_names, values)} {_number(child.value)}"
+                java = self.java_style
+                labels = _labels(self.label_names, values, java=java)
+                yield f"{self.name}{labels} {_number(child.value, java=java)}"
 
 
 def render(families: Sequence[Family]) -> str:

@@ -35,6 +35,9 @@ class ModelArchive:
     workflow: str | None = None
     """The workflow this model is a node of: registered and removed with it, never in
     snapshots."""
+    downloaded: Path | None = None
+    """The store file fetched from a URL to register it: deleted when it is unregistered,
+    as TorchServe does, so registering the URL again downloads it again."""
 
     def free(self) -> None:
         """Remove what Ferry unpacked and installed (once no worker uses it: stop the

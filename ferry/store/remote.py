@@ -126,12 +126,19 @@ def _unmatched(url: str, normalised: str) -> str:
     return f"{url} normalises to {normalised}, which matches no allowed_urls pattern"
 
 
-async def fetch_archive(url: str, store: Path, allowed_urls: tuple[str, ...]) -> str:
-    """Download an allowed archive into the store; returns its name there."""
+MODEL_SUFFIXES = (".mar", ".tar.gz", ".tgz")
+WORKFLOW_SUFFIXES = (".war",)
+
+
+async def fetch_archive(
+    url: str, store: Path, allowed_urls: tuple[str, ...], suffixes: tuple[str, ...] = MODEL_SUFFIXES
+) -> str:
+    """Download an allowed archive (a model's, or with ``WORKFLOW_SUFFIXES`` a workflow's)
+    into the store; returns its name there."""
     url = allowed_url(url, allowed_urls)
     name = PurePosixPath(urlsplit(url).path).name
-    if not name.endswith((".mar", ".tar.gz", ".tgz")):
-        raise InvalidRequest(f"{url} does not name a .mar or .tar.gz archive")
+    if not name.endswith(suffixes):
+        raise InvalidRequest(f"{url} does not name a {' or '.join(suffixes)} archive")
     target = store / name
     if target.exists():
         raise InvalidRequest(f"{name} already exists in the model store")

@@ -30,7 +30,7 @@ from ferry.service import FerryService
 from ferry.service_types import InputPart
 from ferry.store.archive import ModelArchive
 from ferry.store.manifest import Manifest
-from ferry.store.remote import fetch_archive, is_remote
+from ferry.store.remote import WORKFLOW_SUFFIXES, fetch_archive, is_remote
 from ferry.workflows.executor import WorkflowAnswer, run_workflow
 from ferry.workflows.functions import check_function_nodes, function_handler
 from ferry.workflows.spec import ModelNode, WorkflowSpec, internal_name, load_spec
@@ -87,7 +87,9 @@ class WorkflowManager:
             raise InvalidRequest("no --workflow-store or --model-store is configured")
         relative, downloaded = request.url, None
         if is_remote(request.url):
-            relative = await fetch_archive(request.url, store, self.service.settings.allowed_urls)
+            relative = await fetch_archive(
+                request.url, store, self.service.settings.allowed_urls, WORKFLOW_SUFFIXES
+            )
             downloaded = store / relative
         try:
             workflow = await self._open(store, relative, request, downloaded)

@@ -336,6 +336,12 @@ def test_allowed_remote_url_is_downloaded_and_registered(tmp_path: Path) -> None
                     400,
                     "InvalidUrlException",
                 )
+                # As TorchServe: unregistering deletes what was downloaded, so the same
+                # URL registers again (TorchServe's postman collection does just that).
+                assert api.delete("/models/remote").status_code == 200
+                assert not (store / "remote.mar").exists()
+                again = api.post("/models", params={"url": f"{base}/remote.mar"})
+                assert again.status_code == 200, again.text
         finally:
             archive_server.shutdown()
 

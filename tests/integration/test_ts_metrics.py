@@ -12,7 +12,7 @@ from tests.fixtures.models import ts_style_archive
 from tests.fixtures.server import RunningServer, ferry_server
 from tests.unit.test_prometheus import assert_parseable
 
-HOST = r'\{Level="Host",Hostname="[^"]+"\}'
+HOST = r'\{Level="Host",Hostname="[^"]+",\}'
 NUMBER = r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)"
 
 
@@ -48,9 +48,9 @@ def test_torchserve_names_after_three_inferences(server: RunningServer) -> None:
     assert 0 < _sample(text, f"DiskUtilization{HOST}") <= 100
     assert _sample(text, f"QueueTime{HOST}") >= 0
     assert _sample(text, f"WorkerThreadTime{HOST}") > 0  # framing and the socket take time
-    model = r'\{ModelName="doubler",Level="Model",Hostname="[^"]+"\}'
+    model = r'\{ModelName="doubler",Level="Model",Hostname="[^"]+",\}'
     assert _sample(text, f"HandlerTime{model}") > 0  # the base handler's own HandlerTime
     assert _sample(text, f"PredictionTime{model}") > 0
     assert "handler_HandlerTime" not in text
-    worker = r'\{WorkerName="doubler/1\.0/w0",Level="Host",Hostname="[^"]+"\}'
+    worker = r'\{WorkerName="doubler/1\.0/w0",Level="Host",Hostname="[^"]+",\}'
     assert _sample(text, f"WorkerLoadTime{worker}") > 0

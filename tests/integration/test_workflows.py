@@ -5,7 +5,10 @@ and every refusal with TorchServe's status and error type."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from ferry.bench.load import run_closed_loop
 from tests.fixtures.responses import assert_error
 from tests.fixtures.server import RunningServer, ferry_server
 from tests.fixtures.workflows import PIPELINE_SPEC, pipeline_war, unchecked_war
+from tests.integration.test_management import _QuietHandler as QuietHandler
 from tests.integration.test_metrics import _value
 
 BROKEN_DAG = PIPELINE_SPEC.replace(
@@ -160,3 +164,28 @@ def test_the_model_api_switch_guards_workflows_too(tmp_path: Path) -> None:
     with ferry_server(store, [], tmp_path) as server, server.management() as api:
         refused = api.post("/workflows", params={"url": "pipeline.war"})
         assert_error(refused, 405, "MethodNotAllowedException")
+
+
+def test_a_war_from_an_allowed_url_is_downloaded_and_deleted_with_it(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    store = tmp_path / "store"
+    store.mkdir()
+    pipeline_war(store)  # its models stay in the store; the .war is served
+    (store / "pipeline.war").rename(served / "pipeline.war")
+    handler = functools.partial(QuietHandler, directory=str(served))
+    allowed = ("--enable-model-api", "--allowed-urls", r"http://127\.0\.0\.1:\d+/.*")
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as archive_server:
+        threading.Thread(target=archive_server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{archive_server.server_address[1]}/pipeline.war"
+        try:
+            with ferry_server(store, [], tmp_path, *allowed) as server, server.management() as api:
+                for _ in range(2):  # registering the URL again works: nothing is left behind
+                    response = api.post("/workflows", params={"url": url})
+                    assert response.status_code == 200, response.text
+                    assert (store / "pipeline.war").exists()
+                    assert api.get("/workflows/pipeline").json()[0]["workflowUrl"] == url
+                    assert api.delete("/workflows/pipeline").status_code == 200
+                    assert not (store / "pipeline.war").exists()
+        finally:
+            archive_server.shutdown()

@@ -96,9 +96,9 @@ def test_gpu_readings_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     text = metrics.exposition()
     assert f'ferry_gpu_memory_used_bytes{{gpu="1"}} {3 * 2**30}' in text
     assert 'ferry_gpu_utilization_percent{gpu="0"} 57' in text
-    assert 'GPUMemoryUsed{Level="Host",DeviceId="1",Hostname="h"} 3072' in text
-    assert 'GPUMemoryUtilization{Level="Host",DeviceId="0",Hostname="h"} 3.75' in text
-    assert 'GPUUtilization{Level="Host",DeviceId="1",Hostname="h"} 57' in text
+    assert 'GPUMemoryUsed{Level="Host",DeviceId="1",Hostname="h",} 3072.0' in text
+    assert 'GPUMemoryUtilization{Level="Host",DeviceId="0",Hostname="h",} 3.75' in text
+    assert 'GPUUtilization{Level="Host",DeviceId="1",Hostname="h",} 57.0' in text
 
 
 def test_no_nvml_means_no_gpu_readings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,9 +108,9 @@ def test_no_nvml_means_no_gpu_readings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpu.read_gpus() == []
 
 
-SAMPLE = re.compile(
+SAMPLE = re.compile(  # the text format allows a comma after the last label
     r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
-    r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*\})? \S+$'
+    r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*,?\})? \S+$'
 )
 
 
@@ -159,9 +159,9 @@ def test_torchserve_request_counters_count_inference_responses() -> None:
     metrics.response_recorder("management")(200)
     text = metrics.exposition()
     assert_parseable(text)
-    assert 'Requests2XX{Level="Host",Hostname="host"} 2\n' in text
-    assert 'Requests4XX{Level="Host",Hostname="host"} 1\n' in text
-    assert 'Requests5XX{Level="Host",Hostname="host"} 1\n' in text
+    assert 'Requests2XX{Level="Host",Hostname="host",} 2.0\n' in text
+    assert 'Requests4XX{Level="Host",Hostname="host",} 1.0\n' in text
+    assert 'Requests5XX{Level="Host",Hostname="host",} 1.0\n' in text
     assert all(_type(text, f"Requests{n}XX") == "counter" for n in (2, 4, 5))
 
 
@@ -174,11 +174,11 @@ def test_torchserve_model_metrics() -> None:
     model.worker_loaded("m/1.0/w0", 1500.0)
     text = metrics.exposition()
     assert_parseable(text)
-    assert 'QueueTime{Level="Host",Hostname="host"} 3.5\n' in text
-    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host"} 6\n' in text
-    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host"} 7.25\n' in text
-    assert 'WorkerLoadTime{WorkerName="m/1.0/w0",Level="Host",Hostname="host"} 1500\n' in text
-    assert 'WorkerThreadTime{Level="Host",Hostname="host"} 0.75\n' in text
+    assert 'QueueTime{Level="Host",Hostname="host",} 3.5\n' in text
+    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host",} 6.0\n' in text
+    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host",} 7.25\n' in text
+    assert 'WorkerLoadTime{WorkerName="m/1.0/w0",Level="Host",Hostname="host",} 1500.0\n' in text
+    assert 'WorkerThreadTime{Level="Host",Hostname="host",} 0.75\n' in text
     for name in (
         "QueueTime",
         "HandlerTime",
@@ -190,7 +190,7 @@ def test_torchserve_model_metrics() -> None:
     metrics.forget_model("m", "1.0")
     assert 'ModelName="m"' not in metrics.exposition()
     model.batch_done(2.0)  # another version of "m" still serving
-    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host"} 2\n' in (
+    assert 'PredictionTime{ModelName="m",Level="Model",Hostname="host",} 2.0\n' in (
         metrics.exposition()
     )
 
@@ -204,7 +204,7 @@ def test_a_handlers_handler_time_is_torchserves_not_a_second_family() -> None:
     model.handler_metric("PredictionTime", 1.0, "ms", "time", {})
     text = metrics.exposition()
     assert_parseable(text)
-    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host"} 8.5\n' in text
+    assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host",} 8.5\n' in text
     assert 'handler_HandlerTime{model_name="m",model_version="1.0",unit="ms",Extra="x"} 2' in text
     assert "handler_PredictionTime{" in text
 
@@ -221,11 +221,11 @@ def test_torchserve_host_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics.record_host()
     text = metrics.exposition()
     assert_parseable(text)
-    host = '{Level="Host",Hostname="host"}'
-    assert f"CPUUtilization{host} 50\n" in first and f"CPUUtilization{host} 30\n" in text
-    assert f"MemoryUsed{host} 3072\n" in text
-    assert f"MemoryAvailable{host} 1024\n" in text
-    assert f"MemoryUtilization{host} 75\n" in text
+    host = '{Level="Host",Hostname="host",}'
+    assert f"CPUUtilization{host} 50.0\n" in first and f"CPUUtilization{host} 30.0\n" in text
+    assert f"MemoryUsed{host} 3072.0\n" in text
+    assert f"MemoryAvailable{host} 1024.0\n" in text
+    assert f"MemoryUtilization{host} 75.0\n" in text
     for name in ("DiskUsage", "DiskAvailable", "DiskUtilization"):
         assert _type(text, name) == "gauge"
         value = float(text.split(f"{name}{host} ", 1)[1].split()[0])
