@@ -25,9 +25,11 @@ Exit codes:
   malformed. ``run_server`` raises ``ConfigError``; the CLI prints it as one line.
 - 128 + N: signal N arrived while shutting down; the process exited at once.
 
-A transport is one row of ``LISTENERS`` and a factory in its own package; a gRPC API
-would be ``ListenerSpec("grpc", "grpc_address", _grpc_enabled, grpc_listener)`` with
-``grpc_listener`` in ``ferry/grpc/``, leaving ``ferry/http/`` untouched.
+A transport is one row of ``LISTENERS`` and a factory in its own package: the HTTP APIs'
+in ``ferry/http/``, TorchServe's gRPC APIs' in ``ferry/grpc/``. The gRPC rows start when
+grpcio is installed (the ``grpc`` extra) unless ``enable_grpc`` is false; a grpc setting
+given without grpcio stops start-up (exit 2) naming the extra. ``ferry.grpc`` is imported
+only then, so a server without the extra never imports grpcio.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ferry import grpc as ferry_grpc
 from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError, FerryError
@@ -82,6 +85,8 @@ class ListenerSpec:
     """The ``ServerSettings`` field holding its address (its config.properties key)."""
     enabled: Callable[[ServerSettings], bool]
     build: ListenerFactory
+    keys: str = ""
+    """The settings that choose the address, for messages (``address_field`` when empty)."""
 
     def address(self, settings: ServerSettings) -> Address:
         address: Address = getattr(settings, self.address_field)
@@ -96,10 +101,55 @@ def _metrics_enabled(settings: ServerSettings) -> bool:
     return settings.enable_metrics_api
 
 
+def _grpc_enabled(settings: ServerSettings) -> bool:
+    """On when grpcio is installed, unless ``enable_grpc`` is false; ``ConfigError`` when a
+    grpc setting asks for it and grpcio is missing."""
+    if settings.enable_grpc is False:
+        return False
+    if ferry_grpc.available():
+        return True
+    if settings.grpc_requested:
+        raise ConfigError(
+            "the gRPC APIs need grpcio, which is not installed: "
+            f"{ferry_grpc.INSTALL_HINT} (or remove the grpc settings)"
+        )
+    return False
+
+
+def _grpc_inference(
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
+) -> Listener:
+    from ferry.grpc.listener import inference_listener as grpc_inference_listener
+
+    return grpc_inference_listener(address, apis, settings, keys)
+
+
+def _grpc_management(
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
+) -> Listener:
+    from ferry.grpc.listener import management_listener as grpc_management_listener
+
+    return grpc_management_listener(address, apis, settings, keys)
+
+
 LISTENERS: tuple[ListenerSpec, ...] = (
     ListenerSpec("inference", "inference_address", _always, inference_listener),
     ListenerSpec("management", "management_address", _always, management_listener),
     ListenerSpec("metrics", "metrics_address", _metrics_enabled, metrics_listener),
+    ListenerSpec(
+        "grpc_inference",
+        "grpc_inference_endpoint",
+        _grpc_enabled,
+        _grpc_inference,
+        keys="grpc_inference_address, grpc_inference_port",
+    ),
+    ListenerSpec(
+        "grpc_management",
+        "grpc_management_endpoint",
+        _grpc_enabled,
+        _grpc_management,
+        keys="grpc_management_address, grpc_management_port",
+    ),
 )
 
 
@@ -188,7 +238,7 @@ def _bind_all(
             reason = (error.strerror or str(error)).lower()
             address = spec.address(settings).url()
             raise ConfigError(
-                f"cannot listen on {address} ({spec.address_field}): {reason}"
+                f"cannot listen on {address} ({spec.keys or spec.address_field}): {reason}"
             ) from None
     return urls
 

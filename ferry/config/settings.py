@@ -83,6 +83,21 @@ class ServerSettings:
     private_key_file: Path | None = None
     """TLS private key (PEM) for https:// addresses."""
 
+    enable_grpc: bool | None = None
+    """TorchServe's gRPC APIs (``ferry.grpc``). Unset: on when grpcio is installed (the
+    ``grpc`` extra), as TorchServe always starts them; false: off; true: required."""
+    grpc_inference_address: str | None = None
+    """Host the gRPC inference API binds (127.0.0.1 when unset); its port is
+    ``grpc_inference_port``. Any grpc setting given asks for the gRPC APIs."""
+    grpc_inference_port: int | None = None
+    """Port of the gRPC inference API (7070 when unset; 0 picks a free one)."""
+    grpc_management_address: str | None = None
+    """Host the gRPC management API binds (127.0.0.1 when unset)."""
+    grpc_management_port: int | None = None
+    """Port of the gRPC management API (7071 when unset; 0 picks a free one)."""
+    enable_grpc_ssl: bool = False
+    """Serve both gRPC APIs over TLS with ``certificate_file`` and ``private_key_file``."""
+
     model_store: Path | None = None
     """Folder holding model archives."""
     models: tuple[str, ...] = ()
@@ -176,6 +191,33 @@ class ServerSettings:
     turns them off."""
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""
+
+    @property
+    def grpc_inference_endpoint(self) -> Address:
+        """Where the gRPC inference API listens (``grpc://`` or, with TLS, ``grpcs://``)."""
+        host = self.grpc_inference_address or "127.0.0.1"
+        port = 7070 if self.grpc_inference_port is None else self.grpc_inference_port
+        return Address(host, port, "grpcs" if self.enable_grpc_ssl else "grpc")
+
+    @property
+    def grpc_management_endpoint(self) -> Address:
+        """Where the gRPC management API listens."""
+        host = self.grpc_management_address or "127.0.0.1"
+        port = 7071 if self.grpc_management_port is None else self.grpc_management_port
+        return Address(host, port, "grpcs" if self.enable_grpc_ssl else "grpc")
+
+    @property
+    def grpc_requested(self) -> bool:
+        """Whether a setting asks for the gRPC APIs, so that they must start."""
+        return bool(self.enable_grpc) or any(
+            value is not None
+            for value in (
+                self.grpc_inference_address,
+                self.grpc_inference_port,
+                self.grpc_management_address,
+                self.grpc_management_port,
+            )
+        )
 
 
 def available_cores() -> int:

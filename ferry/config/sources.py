@@ -12,6 +12,7 @@ environment variables. Unknown keys warn; invalid values stop start-up naming th
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -71,6 +72,32 @@ def _boolean(key: str, text: str) -> bool:
 
 def _address(key: str, text: str) -> Address:
     return Address.parse(text.strip(), key=key)
+
+
+def _host(key: str, text: str) -> str:
+    """A bare host name or IP address, TorchServe's form for the gRPC addresses."""
+    value = text.strip().removeprefix("[").removesuffix("]")
+    if not value or any(c in value for c in "/ ") or (":" in value and not _is_ipv6(value)):
+        raise ConfigError(
+            f"{key}: expected a host name or IP address (the port is a setting of its own), "
+            f"got {text!r}"
+        )
+    return value
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _port(key: str, text: str) -> int:
+    value = int(_integer(0)(key, text))
+    if value > 65535:
+        raise ConfigError(f"{key}: must be a port number up to 65535, got {value}")
+    return value
 
 
 def _path(key: str, text: str) -> Path:
@@ -156,6 +183,12 @@ OPTIONS = (
     Option("metrics_address", "metrics_address", _address),
     Option("certificate_file", "certificate_file", _path),
     Option("private_key_file", "private_key_file", _path),
+    Option("enable_grpc", "enable_grpc", _boolean),
+    Option("grpc_inference_address", "grpc_inference_address", _host),
+    Option("grpc_inference_port", "grpc_inference_port", _port),
+    Option("grpc_management_address", "grpc_management_address", _host),
+    Option("grpc_management_port", "grpc_management_port", _port),
+    Option("enable_grpc_ssl", "enable_grpc_ssl", _boolean),
     Option("model_store", "model_store", _path),
     Option("workflow_store", "workflow_store", _path),
     Option("load_models", "models", _list, flag="--models"),
@@ -207,7 +240,6 @@ OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 # TorchServe's documented config.properties keys Ferry accepts without using them, each with
 # why; the warning quotes it. Never a key of OPTIONS (tests/unit/test_sources.py checks).
 _NO_JVM = "Ferry has no JVM or Netty"
-_NO_GRPC = "Ferry has no gRPC API yet"
 IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "vmargs": _NO_JVM,
     "number_of_netty_threads": _NO_JVM,
@@ -220,7 +252,6 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "default_service_handler": "each archive names its handler",
     "decode_input_request": "handlers get each request body as bytes, undecoded",
     "snapshot_store": "snapshots are files in log_location/config (config_snapshots)",
-    "model_snapshot": "Ferry restores its own snapshots from log_location/config",
     "workflow_store_path": "not a TorchServe setting; use workflow_store",
     "blacklist_env_vars": "workers inherit Ferry's environment",
     "unregister_model_timeout": "unregistering drains workers within DRAIN_SECONDS",
@@ -230,11 +261,10 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "metrics_config": "Ferry's metrics are defined in code",
     "system_metrics_cmd": "Ferry collects no system metrics",
     "disable_system_metrics": "Ferry collects no system metrics",
-    "grpc_inference_port": _NO_GRPC,
-    "grpc_management_port": _NO_GRPC,
-    "grpc_inference_address": _NO_GRPC,
-    "grpc_management_address": _NO_GRPC,
-    "enable_grpc_ssl": _NO_GRPC,
+    "grpc_inference_max_connection_age_ms": "gRPC connections live as long as clients keep them",
+    "grpc_management_max_connection_age_ms": "gRPC connections live as long as clients keep them",
+    "grpc_inference_max_connection_age_grace_ms": "see grpc_inference_max_connection_age_ms",
+    "grpc_management_max_connection_age_grace_ms": "see grpc_management_max_connection_age_ms",
     "use_native_io": _NO_JVM,
     "io_ratio": _NO_JVM,
     "tsConfigFile": "name the file with --ts-config or TS_CONFIG_FILE",
@@ -279,8 +309,32 @@ def _warn_unknown(keys: list[str], source: str) -> None:
                 key,
                 reason,
             )
-        elif key not in OPTIONS_BY_KEY:
+        elif key not in OPTIONS_BY_KEY and key != MODEL_SNAPSHOT:
             log.warning("%s: unknown setting %s; ignored", source, key)
+
+
+MODEL_SNAPSHOT = "model_snapshot"
+"""TorchServe's ``model_snapshot`` JSON (KServe's config.properties lists the models to
+load in it): ``{"models": {"name": {"1.0": {"marName": ..., "minWorkers": ...}}}}``."""
+
+
+def _models_from_snapshot(merged: dict[str, str]) -> None:
+    """``model_snapshot`` names the models to load and their settings, as TorchServe reads
+    it, unless ``load_models`` or ``models`` say otherwise."""
+    text = merged.pop(MODEL_SNAPSHOT, None)
+    if text is None or "load_models" in merged or "models" in merged:
+        return
+    try:
+        snapshot = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{MODEL_SNAPSHOT}: invalid JSON: {exc}") from None
+    models = snapshot.get("models") if isinstance(snapshot, dict) else None
+    if not isinstance(models, dict):
+        expected = '{"models": {"name": {"version": {...}}}}'
+        raise ConfigError(f"{MODEL_SNAPSHOT}: expected {expected}")
+    if models:
+        merged["models"] = json.dumps(models)
+        merged["load_models"] = ",".join(models)
 
 
 def _from_environment(environ: Mapping[str, str], prefix: str) -> dict[str, str]:
@@ -304,6 +358,7 @@ def load_settings(
         merged.update(_from_environment(environ, "TS_"))
     merged.update(ferry_env)
     merged.update(flags)
+    _models_from_snapshot(merged)
     values = {
         OPTIONS_BY_KEY[key].field: OPTIONS_BY_KEY[key].parse(key, text)
         for key, text in merged.items()

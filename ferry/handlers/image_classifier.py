@@ -100,7 +100,10 @@ class VisionHandler(BaseHandler):
         """Stack the decodable images; remember which requests failed and why."""
         failures: dict[int, Exception] = {}
         self._local.failures = failures
-        builtin = self._uses_builtin_processing()
+        # A row holding a JSON list is the tensor itself (TorchServe's rule, which KServe's
+        # V2 requests rely on): such a batch goes through ``image_processing`` whole.
+        has_tensors = any(isinstance(row.get("data") or row.get("body"), list) for row in data)
+        builtin = self._uses_builtin_processing() and not has_tensors
         if builtin and self.jpeg_decoder is not None:
             return self._preprocess_on_device(data, failures)
         decode = self._decode_builtin if builtin else self._decode_for_processing

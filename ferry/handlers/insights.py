@@ -1,6 +1,6 @@
 """Explanations for the built-in vision handlers: Captum's Integrated Gradients, as
 TorchServe's ``VisionHandler.get_insights`` computes them. Captum is an optional extra
-(``pip install 'ferry[explain]'``); without it an explanation answers 501 saying so."""
+(``pip install 'ferry-serve[explain]'``); without it an explanation answers 501 saying so."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class IntegratedGradients:
             except ImportError as exc:
                 raise PredictionException(
                     "explanations need captum, which is not installed: "
-                    "pip install 'ferry[explain]' (or captum) where Ferry runs",
+                    "pip install 'ferry-serve[explain]' (or captum) where Ferry runs",
                     501,
                 ) from exc
             self._ig = attr.IntegratedGradients(self.model)

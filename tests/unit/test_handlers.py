@@ -256,4 +256,4 @@ def test_explanations_without_captum_say_what_to_install(monkeypatch: pytest.Mon
     with pytest.raises(PredictionException) as raised:
         IntegratedGradients(torch.nn.Linear(2, 2)).attribute(torch.ones(1, 2), 0)
     assert raised.value.error_code == 501
-    assert "pip install 'ferry[explain]'" in raised.value.message
+    assert "pip install 'ferry-serve[explain]'" in raised.value.message

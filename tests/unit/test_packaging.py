@@ -34,6 +34,8 @@ DISTRIBUTION_OF = {
     "aiohttp": "aiohttp",
     "httpx": "httpx",
     "matplotlib": "matplotlib",
+    "grpc": "grpcio",
+    "google": "protobuf",  # google.protobuf; google.rpc comes with googleapis-common-protos
 }
 """Import name -> the distribution that provides it (they differ: ``yaml`` is ``pyyaml``)."""
 
@@ -47,8 +49,9 @@ OPTIONAL_MODULES = {
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 
-NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/")
-"""``ferry bench`` has its own extra; the TorchServe shim only re-exports Ferry's handlers."""
+NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/")
+"""``ferry bench`` and the gRPC APIs have their own extras; the TorchServe shim only
+re-exports Ferry's handlers."""
 
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -137,6 +140,12 @@ def test_bench_imports_only_base_and_bench_dependencies() -> None:
     bench = [PACKAGE / "cli" / "bench.py", *sorted((PACKAGE / "bench").glob("*.py"))]
     assert _undeclared(bench, base | extras.get("bench", set())) == []
     assert set(BENCH_EXTRA_MODULES) <= extras["bench"]  # what the CLI tells users it installs
+
+
+def test_grpc_imports_only_base_and_grpc_dependencies() -> None:
+    base, extras = _declared()
+    grpc_code = [p for p in sorted((PACKAGE / "grpc").rglob("*.py")) if "generated" not in p.parts]
+    assert _undeclared(grpc_code, base | extras["grpc"]) == []
 
 
 def test_the_base_install_is_lean() -> None:

@@ -168,3 +168,22 @@ def test_batching_defaults_are_settable_from_every_source(
     sources.append(load_settings(flags_from_args(args), {}, None))
     assert [getattr(settings, field) for settings in sources] == [value] * 5
     assert getattr(load_settings({}, {f"TS_{env_key}": text}, None), field) == default
+
+
+def test_kserves_model_snapshot_names_the_models_to_load(tmp_path: Path) -> None:
+    """KServe's config.properties lists the models in TorchServe's ``model_snapshot``."""
+    config = tmp_path / "config.properties"
+    snapshot = (
+        '{"name":"startup.cfg","modelCount":1,"models":{"mnist":{"1.0":{"defaultVersion":true,'
+        '"marName":"mnist.mar","minWorkers":1,"maxWorkers":5,"batchSize":1,"maxBatchDelay":5000,'
+        '"responseTimeout":120}}}}'
+    )
+    config.write_text(f"model_store=/mnt/models/model-store\nmodel_snapshot={snapshot}\n")
+    settings = load_settings({}, {}, config)
+    assert settings.models == ("mnist",)
+    assert settings.model_overrides["mnist"]["1.0"]["marName"] == "mnist.mar"
+    explicit = load_settings({"load_models": "other.mar"}, {}, config)
+    assert explicit.models == ("other.mar",)  # load_models wins, as in TorchServe
+    config.write_text("model_snapshot={not json\n")
+    with pytest.raises(ConfigError, match="model_snapshot: invalid JSON"):
+        load_settings({}, {}, config)

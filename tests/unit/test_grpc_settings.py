@@ -1,0 +1,87 @@
+"""The gRPC settings (TorchServe's keys), when the gRPC listeners start, and bearer keys."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from ferry import grpc as ferry_grpc
+from ferry import server
+from ferry.config.settings import Address, ServerSettings
+from ferry.config.sources import load_settings
+from ferry.errors import ConfigError
+from ferry.grpc.auth import bearer_key
+
+
+def _from_properties(tmp_path: Path, text: str) -> ServerSettings:
+    path = tmp_path / "config.properties"
+    path.write_text(text)
+    return load_settings({}, {}, path)
+
+
+def test_the_defaults_are_torchserves_ports_on_loopback() -> None:
+    settings = ServerSettings()
+    assert settings.grpc_inference_endpoint == Address("127.0.0.1", 7070, "grpc")
+    assert settings.grpc_management_endpoint == Address("127.0.0.1", 7071, "grpc")
+    assert settings.grpc_inference_endpoint.url() == "grpc://127.0.0.1:7070"
+    assert not settings.grpc_requested
+
+
+def test_torchserves_keys_are_read_without_an_ignored_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        "grpc_inference_address=0.0.0.0\ngrpc_inference_port=9090\n"
+        "grpc_management_address=[::1]\ngrpc_management_port=0\nenable_grpc_ssl=true\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="ferry.config"):
+        settings = _from_properties(tmp_path, text)
+    assert not caplog.records
+    assert settings.grpc_inference_endpoint.url() == "grpcs://0.0.0.0:9090"
+    assert settings.grpc_management_endpoint.url() == "grpcs://[::1]:0"
+    assert settings.grpc_requested
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "grpc_inference_address=0.0.0.0:7070",
+        "grpc_inference_address=http://localhost",
+        "grpc_inference_address=localhost:7070",
+        "grpc_management_port=70000",
+        "grpc_management_port=-1",
+        "enable_grpc=maybe",
+    ],
+)
+def test_invalid_values_stop_start_up_naming_the_key(tmp_path: Path, line: str) -> None:
+    with pytest.raises(ConfigError, match=line.split("=")[0]):
+        _from_properties(tmp_path, line + "\n")
+
+
+def test_grpc_starts_when_grpcio_is_there_unless_switched_off() -> None:
+    assert ferry_grpc.available()
+    assert server._grpc_enabled(ServerSettings())
+    assert not server._grpc_enabled(ServerSettings(enable_grpc=False))
+    assert not server._grpc_enabled(ServerSettings(enable_grpc=False, grpc_inference_port=1))
+
+
+def test_without_grpcio_a_grpc_setting_stops_start_up_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ferry_grpc, "available", lambda: False)
+    assert not server._grpc_enabled(ServerSettings())  # nothing asked for it: no gRPC
+    for asked in (ServerSettings(grpc_inference_port=7070), ServerSettings(enable_grpc=True)):
+        with pytest.raises(ConfigError, match=r"pip install 'ferry-serve\[grpc\]'"):
+            server._grpc_enabled(asked)
+
+
+def test_the_bearer_key_follows_torchserves_pattern() -> None:
+    assert bearer_key((("authorization", "Bearer abc"),)) == "abc"
+    assert bearer_key((("user-agent", "x"), ("authorization", "Bearer \t abc"))) == "abc"
+    assert bearer_key((("authorization", "Bearer"),)) is None
+    assert bearer_key((("authorization", "Basic abc"),)) is None
+    assert bearer_key((("authorization", "Bearer a b"),)) is None
+    assert bearer_key(()) is None
+    assert bearer_key(None) is None
