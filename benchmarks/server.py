@@ -39,6 +39,7 @@ def ferry_server(
         *(["--models", *models] if models else []),
         *("--inference-address", loopback, "--management-address", loopback),
         *("--metrics-address", loopback, "--ready-file", str(ready_file)),
+        *("--grpc-inference-port", "0", "--grpc-management-port", "0"),
         "--disable-token-auth",
         *extra,
     ]

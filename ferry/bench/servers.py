@@ -93,6 +93,9 @@ def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[st
         f"inference_address=http://127.0.0.1:{ports['inference']}",
         f"management_address=http://127.0.0.1:{ports['management']}",
         f"metrics_address=http://127.0.0.1:{ports['metrics']}",
+        # Both servers' gRPC APIs would take 7070/7071: free ports keep them apart.
+        f"grpc_inference_port={ports['grpc_inference']}",
+        f"grpc_management_port={ports['grpc_management']}",
         f"model_store={model.parent}",
         f"load_models={model.name}",
         f"models={json.dumps(models)}",
@@ -128,7 +131,8 @@ def start_server(
         if kind != "ferry":
             raise RuntimeError("a precision other than fp32 is a Ferry setting")
         model = with_precision(model, config.precision, folder / "model")
-    ports = {api: _free_port() for api in ("inference", "management", "metrics")}
+    apis = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+    ports = {api: _free_port() for api in apis}
     properties = write_config(folder, model, config, ports)
     log_path = folder / "server.log"
     if kind == "ferry":

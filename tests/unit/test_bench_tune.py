@@ -85,11 +85,18 @@ def test_server_config_properties_drive_batch_settings(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     model = store / digest_archive(store, "echo", version="3.0")
-    ports = {"inference": 1001, "management": 1002, "metrics": 1003}
+    ports = {
+        "inference": 1001,
+        "management": 1002,
+        "metrics": 1003,
+        "grpc_inference": 1004,
+        "grpc_management": 1005,
+    }
     properties = write_config(tmp_path, model, ServerConfig(8, 25, 2), ports)
     settings = load_settings({}, {}, properties)
     assert settings.models == ("echo.mar",) and settings.model_store == store
     assert settings.inference_address.port == 1001 and settings.disable_token_authorization
+    assert (settings.grpc_inference_port, settings.grpc_management_port) == (1004, 1005)
     version = settings.model_overrides["echo"]["3.0"]
     assert (version["batchSize"], version["maxBatchDelay"], version["minWorkers"]) == (8, 25, 2)
 
