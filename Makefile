@@ -6,10 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv serve test check lint typecheck demo-model bench compat clean
 
-$(STAMP): pyproject.toml requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -r requirements-dev.txt
-	$(BIN)/pip install --quiet -e '.[bench,onnx,explain,grpc]'
+$(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
+	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
 	touch $(STAMP)
 
 venv: $(STAMP)

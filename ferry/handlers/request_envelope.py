@@ -45,7 +45,12 @@ class BaseEnvelope:
 
 def _body(row: Any) -> Any:
     body = row.get("data") or row.get("body") if isinstance(row, dict) else row
-    return json.loads(body) if isinstance(body, bytes | bytearray) else body
+    if not isinstance(body, bytes | bytearray):
+        return body
+    try:
+        return json.loads(body)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise InvalidInput(f"the request envelope expects a JSON body: {exc}") from exc
 
 
 class _PerRequestRows(BaseEnvelope):

@@ -107,3 +107,10 @@ def test_a_handler_answering_the_wrong_count_fails_the_batch(tmp_path: Path) -> 
     data = [{"body": {"instances": [1]}}, {"body": {"instances": [2]}}]
     with pytest.raises(ValueError, match="answered 1 rows for 2 inputs"):
         wrap(handler, "kserve")(data, _context(tmp_path, 2))
+
+
+def test_a_body_that_is_not_json_is_a_client_error(tmp_path: Path) -> None:
+    from ferry.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="expects a JSON body"):
+        wrap(Recorder(), "kservev2")([{"body": b"\x89PNG"}], _context(tmp_path, 1))
