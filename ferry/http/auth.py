@@ -14,7 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ferry.http.errors import error_body
 
-OPEN_PATHS = frozenset({"/ping"})
+OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
+"""Health checks (TorchServe's and the Open Inference Protocol's): probes carry no key."""
 
 
 class TokenAuth:

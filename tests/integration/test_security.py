@@ -56,6 +56,18 @@ def test_inference_beyond_loopback_needs_its_key(store: Path, tmp_path: Path) ->
         assert (
             httpx.post(f"{url}/predictions/echo", content=b"x", headers=headers).status_code == 200
         )
+        # KServe's protocols on the same port: the same key, the same open health checks.
+        v2 = {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+        for path, body in (
+            ("/v2/models/echo/infer", v2),
+            ("/v1/models/echo:predict", {"instances": ["x"]}),
+        ):
+            assert httpx.post(f"{url}{path}", json=body).status_code == 401
+            # Past the key check (the echo handler itself takes only raw bodies).
+            assert httpx.post(f"{url}{path}", json=body, headers=headers).status_code != 401
+        assert httpx.get(f"{url}/v2/models/echo").status_code == 401
+        for probe in ("/v2/health/live", "/v2/health/ready"):
+            assert httpx.get(f"{url}{probe}").status_code == 200
 
 
 def test_disable_token_auth_writes_no_key_file(store: Path, tmp_path: Path) -> None:
