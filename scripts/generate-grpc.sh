@@ -7,6 +7,11 @@
 # The .proto files are compiled as if they lay in ferry/grpc/generated/, so the modules
 # import each other as ferry.grpc.generated.*; tests/unit/test_grpc_generated.py runs this
 # script into a temporary folder and fails when the committed modules differ.
+#
+# Every .proto in ferry/grpc/protos/ is compiled: TorchServe's two APIs and the Open
+# Inference Protocol's (ferry_open_inference.proto, package ``inference``). The latter's
+# modules collide with tritonclient.grpc's and kserve's in one process, so nothing here
+# imports the generated modules; the test compares them as files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"

@@ -1,10 +1,13 @@
-"""TorchServe's gRPC APIs: inference (``InferenceAPIsService``, port 7070) and management
-(``ManagementAPIsService``, port 7071), thin adapters over ``ferry.service`` as the HTTP
-ones are.
+"""Ferry's gRPC APIs, thin adapters over ``ferry.service`` as the HTTP ones are: TorchServe's
+inference (``InferenceAPIsService``, port 7070) and management (``ManagementAPIsService``,
+port 7071), and the Open Inference Protocol's ``inference.GRPCInferenceService`` on the
+inference port beside TorchServe's.
 
-    protos/      the .proto files (Ferry's own text; TorchServe's names and numbers)
+    protos/      the .proto files (Ferry's own text; the protocols' names and numbers)
     generated/   protoc's modules, committed; ``scripts/generate-grpc.sh`` remakes them
-    torchserve_inference.py, torchserve_management.py   the servicers
+    torchserve_inference.py, torchserve_management.py, open_inference.py   the servicers
+    open_inference_codec.py   V2 tensors to and from plain values (no protobuf imported)
+    calls.py     a call's metadata as headers, and its hang-up
     errors.py    domain error -> gRPC status code, in one table
     auth.py      ``authorization: Bearer <key>`` metadata
     listener.py  a ``grpc.aio`` server per API, driven by ``ferry.server``

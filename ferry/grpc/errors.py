@@ -7,6 +7,11 @@ domain error. Two calls answer differently from it, as TorchServe does:
 not take the request, as INTERNAL (``PREDICTION_CODES``), and ``DescribeModel`` with
 ``customized`` an unknown model as INTERNAL too (``CUSTOMIZED_DESCRIBE_CODES``).
 
+The Open Inference Protocol's service (``open_inference``) answers with ``ERROR_CODES``
+as they are: ``InvalidInput`` INVALID_ARGUMENT, ``ModelNotFound`` NOT_FOUND,
+``Overloaded`` and ``NoWorkerAvailable`` UNAVAILABLE, ``ModelApiDisabled``
+PERMISSION_DENIED, as KServe and Triton answer.
+
 The details text is the error's message (TorchServe appends a Java class name on a second
 line; Ferry has none to give).
 """

@@ -2,9 +2,9 @@
 so that a port in use stops start-up before a key file is written or a worker started.
 
 An API's server carries the services listed for it: ``INFERENCE_SERVICES`` and
-``MANAGEMENT_SERVICES``. Another protocol on the same port (the Open Inference Protocol's
-``inference.GRPCInferenceService`` on the inference server, as TorchServe does) is one
-more ``ServiceInstaller`` in the tuple; the listener, auth and TLS stay as they are.
+``MANAGEMENT_SERVICES``. The inference server carries TorchServe's API and the Open
+Inference Protocol's ``inference.GRPCInferenceService`` (as TorchServe does, on one port,
+behind one auth and TLS); another protocol is one more ``ServiceInstaller`` in the tuple.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from grpc import aio
 from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError
-from ferry.grpc import torchserve_inference, torchserve_management
+from ferry.grpc import open_inference, torchserve_inference, torchserve_management
 from ferry.grpc.auth import TokenAuth
 from ferry.security import ApiKeys
 
@@ -32,7 +32,10 @@ STOP_GRACE_SECONDS = 10.0
 ServiceInstaller = Callable[[aio.Server, Apis], None]
 """Adds one gRPC service (a servicer over ``apis``) to a server."""
 
-INFERENCE_SERVICES: tuple[ServiceInstaller, ...] = (torchserve_inference.add_to_server,)
+INFERENCE_SERVICES: tuple[ServiceInstaller, ...] = (
+    torchserve_inference.add_to_server,
+    open_inference.add_to_server,
+)
 MANAGEMENT_SERVICES: tuple[ServiceInstaller, ...] = (torchserve_management.add_to_server,)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Never
 
 from google.protobuf import empty_pb2
@@ -21,6 +21,7 @@ from grpc import StatusCode, aio
 
 from ferry.apis import Apis
 from ferry.errors import FerryError
+from ferry.grpc.calls import on_hang_up, request_headers
 from ferry.grpc.errors import PREDICTION_CODES, error_code
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as pb_grpc
@@ -38,27 +39,6 @@ if TYPE_CHECKING:  # generic only in the stubs
 def request_parts(request: pb.PredictionsRequest) -> list[InputPart]:
     """One part per ``input`` entry, named by its key; no content type, so raw bytes."""
     return [InputPart(name, "", bytes(data)) for name, data in request.input.items()]
-
-
-def request_headers(context: Context) -> dict[str, str]:
-    """The call's text metadata, lower-cased, as HTTP headers; never the API key."""
-    headers: dict[str, str] = {}
-    for key, value in context.invocation_metadata() or ():
-        name = key.lower()
-        if isinstance(value, str) and name != "authorization" and not name.startswith(":"):
-            headers[name] = value
-    return headers
-
-
-def _on_hang_up(context: Context) -> Callable[[Callable[[], None]], None]:
-    """The service's hang-up registrar: gRPC calls it once the call is over, however it
-    ended; a job already answered ignores it."""
-
-    def register(callback: Callable[[], None]) -> None:
-        # The stubs type the callback as a private class; any callable taking the context works.
-        context.add_done_callback(lambda _call: callback())  # type: ignore[arg-type]
-
-    return register
 
 
 async def _fail(context: Context, error: FerryError) -> Never:
@@ -84,7 +64,7 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
                 version,
                 request_parts(request),
                 request_headers(context),
-                _on_hang_up(context),
+                on_hang_up(context),
             )
         except FerryError as error:
             await _fail(context, error)
@@ -103,7 +83,7 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
                     version,
                     request_parts(request),
                     request_headers(context),
-                    _on_hang_up(context),
+                    on_hang_up(context),
                     events.put_nowait,
                 )
             except FerryError as error:

@@ -194,15 +194,9 @@ def _requested_outputs(value: Any) -> list[RequestedOutput]:
 def _input(entry: Any, index: int, chunks: _BinaryChunks) -> Tensor:
     if not isinstance(entry, dict):
         raise InvalidInput(f"inputs[{index}] must be an object")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"inputs[{index}] needs a 'name'")
-    datatype = entry.get("datatype")
-    if datatype not in DATATYPES:
-        raise InvalidInput(
-            f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
-        )
-    shape = _shape(entry.get("shape"), name)
+    name, datatype, shape = input_header(
+        index, entry.get("name"), entry.get("datatype"), entry.get("shape")
+    )
     parameters = _parameters(entry.get("parameters"), f"input {name!r} parameters")
     size = parameters.pop("binary_data_size", None)
     if size is not None:
@@ -215,6 +209,47 @@ def _input(entry: Any, index: int, chunks: _BinaryChunks) -> Tensor:
         raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
     _check_elements(data, datatype, shape, name)
     return Tensor(name, datatype, shape, data, parameters)
+
+
+def input_header(index: int, name: Any, datatype: Any, shape: Any) -> tuple[str, str, list[int]]:
+    """The name, datatype and shape of ``inputs[index]``, checked (``InvalidInput``, with
+    the same words for every transport)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"inputs[{index}] needs a 'name'")
+    if datatype not in DATATYPES:
+        raise InvalidInput(
+            f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
+        )
+    return name, datatype, _shape(shape, name)
+
+
+def decoded_input(
+    name: str,
+    datatype: str,
+    shape: list[int],
+    data: list[Any],
+    parameters: dict[str, Any] | None = None,
+) -> Tensor:
+    """An input whose elements a transport decoded itself (gRPC's typed or raw contents;
+    BYTES elements as base64 text, as ``decode_binary`` gives them), after
+    ``input_header``: its elements checked against its shape and datatype as a JSON
+    input's are."""
+    _check_elements(data, datatype, shape, name)
+    return Tensor(name, datatype, shape, data, dict(parameters or {}))
+
+
+def infer_request(
+    request_id: str | None,
+    parameters: dict[str, Any],
+    inputs: list[Tensor],
+    outputs: list[str],
+) -> InferRequest:
+    """A request from decoded inputs (``decoded_input``) and the names of the outputs
+    asked for (none: all); no output in binary, a JSON notion."""
+    if not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    requested = [RequestedOutput(name, binary=False) for name in outputs]
+    return InferRequest(request_id, dict(parameters), inputs, requested, binary_outputs=False)
 
 
 def _shape(value: Any, name: str) -> list[int]:

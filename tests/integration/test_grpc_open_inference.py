@@ -1,0 +1,239 @@
+"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``) on a real
+server, through tritonclient's gRPC client: health, metadata, inference with raw tensors
+as tritonclient sends them, errors, the model repository, batching with REST V2 requests
+and the inference key.
+
+This process imports tritonclient.grpc, whose ``inference.*`` stubs collide with Ferry's
+own in one process: the server runs apart, and nothing here imports
+``ferry.grpc.generated.ferry_open_inference_pb2``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
+
+from ferry import __version__
+from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.models import HANDLERS, write_config
+from tests.fixtures.server import RunningServer, ferry_server
+
+TENSOR_METADATA = {
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+    "outputs": [{"name": "x_out", "datatype": "FP32", "shape": [-1, 2]}],
+}
+TENSOR_CONFIG = {
+    "minWorkers": 1,
+    "batchSize": 8,
+    "maxBatchDelay": 50,
+    "tensor_metadata": TENSOR_METADATA,
+}
+
+
+def _tensor_archive(store: Path, name: str, config: dict[str, Any]) -> str:
+    """The V2-aware handler of tests/integration/test_kserve_protocols.py (each input
+    doubled or reversed, and an output ``batch``: how many requests shared its batch)."""
+    scratch = store.parent / f"{name}-src"
+    scratch.mkdir(exist_ok=True)
+    spec = ArchiveSpec(
+        model_name=name,
+        handler=str(HANDLERS / "v2_tensor_handler.py"),
+        config_file=write_config(scratch, config),
+    )
+    return write_archive(spec, store, force=True).name
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """``tensors`` (batch 8, delay 50 ms); ``spare.mar`` (no minWorkers) in the store for
+    the model repository calls; the model API on, no keys."""
+    tmp = tmp_path_factory.mktemp("grpc-oip")
+    store = tmp / "store"
+    store.mkdir()
+    models = [f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}"]
+    _tensor_archive(store, "spare", {"tensor_metadata": TENSOR_METADATA})
+    with ferry_server(store, models, tmp, "--enable-model-api") as running:
+        yield running
+
+
+def _client(server: RunningServer) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(url=server.grpc_url.removeprefix("grpc://"))
+
+
+def _input(name: str, values: np.ndarray) -> triton.InferInput:
+    datatype = "FP32" if values.dtype == np.float32 else "BYTES"
+    tensor = triton.InferInput(name, list(values.shape), datatype)
+    tensor.set_data_from_numpy(values)  # raw_input_contents, as tritonclient always sends
+    return tensor
+
+
+def _status(error: InferenceServerException) -> str:
+    return str(error.status())
+
+
+def test_health(server: RunningServer) -> None:
+    client = _client(server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tensors") and client.is_model_ready("tensors", "1.0")
+
+
+def test_metadata(server: RunningServer) -> None:
+    client = _client(server)
+    metadata = client.get_server_metadata(as_json=True)
+    assert (metadata["name"], metadata["version"]) == ("ferry", __version__)
+    assert metadata["extensions"] == ["model_repository"]
+    model = client.get_model_metadata("tensors", as_json=True)
+    assert model == {
+        "name": "tensors",
+        "versions": ["1.0"],
+        "platform": "pytorch",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "2"]}],
+        "outputs": [{"name": "x_out", "datatype": "FP32", "shape": ["-1", "2"]}],
+    }  # int64 as JSON strings: protobuf's JSON mapping
+
+
+def test_infer_fp32_and_bytes_with_requested_outputs_and_id(server: RunningServer) -> None:
+    values = np.array([[1.5, -2.0], [3.0, 4.25]], dtype=np.float32)
+    words = np.array([b"abc", b"\x00\xffraw"], dtype=np.object_)
+    result = _client(server).infer(
+        "tensors",
+        [_input("x", values), _input("w", words)],
+        outputs=[triton.InferRequestedOutput("x_out"), triton.InferRequestedOutput("w_out")],
+        request_id="req-7",
+    )
+    np.testing.assert_array_equal(result.as_numpy("x_out"), values * 2)
+    # Binary BYTES reach the handler as base64 text, as over REST; it reverses that text.
+    reversed_b64 = [item.decode()[::-1] for item in result.as_numpy("w_out")]
+    assert reversed_b64 == ["YWJj", "AP9yYXc="]
+    response = result.get_response(as_json=True)
+    assert response["model_name"] == "tensors" and response["model_version"] == "1.0"
+    assert response["id"] == "req-7"
+    assert [o["name"] for o in response["outputs"]] == ["x_out", "w_out"]  # not "batch"
+
+
+def test_every_output_without_a_request_for_some(server: RunningServer) -> None:
+    values = np.ones((1, 2), dtype=np.float32)
+    result = _client(server).infer("tensors", [_input("x", values)])
+    names = [o["name"] for o in result.get_response(as_json=True)["outputs"]]
+    assert names == ["x_out", "batch"]
+    assert result.as_numpy("batch").dtype == np.int64
+
+
+def test_errors_take_the_protocols_codes(server: RunningServer) -> None:
+    client = _client(server)
+    values = np.ones((1, 2), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="Model not found: nope") as unknown:
+        client.infer("nope", [_input("x", values)])
+    assert _status(unknown.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as not_ready:
+        client.is_model_ready("nope")
+    assert _status(not_ready.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as no_metadata:
+        client.get_model_metadata("nope")
+    assert _status(no_metadata.value) == "StatusCode.NOT_FOUND"
+
+    bad_shape = _input("x", values)
+    bad_shape.set_shape([3, 2])
+    with pytest.raises(InferenceServerException, match="holds 6 elements, the data has 2") as bad:
+        client.infer("tensors", [bad_shape])
+    assert _status(bad.value) == "StatusCode.INVALID_ARGUMENT"
+    unknown_output = [triton.InferRequestedOutput("nope")]
+    with pytest.raises(InferenceServerException, match="unknown output 'nope'") as missing:
+        client.infer("tensors", [_input("x", values)], outputs=unknown_output)
+    assert _status(missing.value) == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_load_and_unload_through_the_model_repository(server: RunningServer) -> None:
+    client = _client(server)
+    client.load_model("spare")
+    assert client.is_model_ready("spare")  # one worker, though its config names none
+    values = np.ones((1, 2), dtype=np.float32)
+    result = client.infer("spare", [_input("x", values)])
+    np.testing.assert_array_equal(result.as_numpy("x_out"), values * 2)
+    client.unload_model("spare")
+    with pytest.raises(InferenceServerException) as gone:
+        client.is_model_ready("spare")
+    assert _status(gone.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as no_archive:
+        client.load_model("absent")
+    assert _status(no_archive.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as loaded:
+        client.load_model("tensors")
+    assert _status(loaded.value) == "StatusCode.ABORTED"
+
+
+def test_a_grpc_request_batches_with_rest_v2_requests(server: RunningServer) -> None:
+    """One gRPC request among REST V2 ones shares a batch with them: the handler got
+    more than one request in the gRPC request's batch, and the others were all REST."""
+    document = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    values = np.ones((1, 2), dtype=np.float32)
+    client = _client(server)
+
+    def rest(start: threading.Barrier) -> None:
+        with server.client() as http:
+            start.wait()
+            response = http.post("/v2/models/tensors/infer", json=document)
+            assert response.status_code == 200, response.text
+
+    def grpc_batch_size(start: threading.Barrier) -> int:
+        start.wait()
+        return int(client.infer("tensors", [_input("x", values)]).as_numpy("batch")[0])
+
+    sizes = []
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(5):  # timing: usually the first round shares a batch
+            start = threading.Barrier(8)
+            rests = [pool.submit(rest, start) for _ in range(7)]
+            sizes.append(grpc_batch_size(start))
+            for future in rests:
+                future.result()
+            if sizes[-1] > 1:
+                break
+    assert max(sizes) > 1, sizes
+
+
+# --- the inference key, and the model API switch ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Keys on, the gRPC inference API beyond loopback; the model API off."""
+    tmp = tmp_path_factory.mktemp("grpc-oip-auth")
+    store = tmp / "store"
+    store.mkdir()
+    models = [f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}"]
+    address = ("--grpc-inference-address", "0.0.0.0")
+    with ferry_server(store, models, tmp, *address, auth=True) as running:
+        yield running
+
+
+def test_the_inference_key_is_needed_beyond_loopback(keyed_server: RunningServer) -> None:
+    key_file = keyed_server.log_path.parent / "key_file.json"
+    keys = {api: value["key"] for api, value in json.loads(key_file.read_text()).items()}
+    port = keyed_server.grpc_url.rsplit(":", 1)[1]
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{port}")
+    values = np.ones((1, 2), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="Token Authorization failed") as denied:
+        client.infer("tensors", [_input("x", values)])
+    assert _status(denied.value) == "StatusCode.PERMISSION_DENIED"
+    with pytest.raises(InferenceServerException):
+        client.is_server_live(headers={"authorization": f"Bearer {keys['management']}"})
+    inference = {"authorization": f"Bearer {keys['inference']}"}
+    assert client.is_server_live(headers=inference)
+    result = client.infer("tensors", [_input("x", values)], headers=inference)
+    np.testing.assert_array_equal(result.as_numpy("x_out"), values * 2)
+
+    with pytest.raises(InferenceServerException, match="--enable-model-api") as off:
+        client.unload_model("tensors", headers=inference)
+    assert _status(off.value) == "StatusCode.PERMISSION_DENIED"
+    with pytest.raises(InferenceServerException, match="--enable-model-api"):
+        client.load_model("tensors", headers=inference)
+    assert client.is_model_ready("tensors", headers=inference)
