@@ -105,7 +105,8 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
                     on_hang_up(request.scope),
                     on_part,
                     explain=explain,
-                )
+                ),
+                service.settings.max_response_size,
             )
             answer = events.answer
         except FerryError as error:

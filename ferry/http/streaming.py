@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
-from ferry.errors import FerryError
+from ferry.errors import FerryError, ResponseTooLarge
 from ferry.http.errors import error_response
 from ferry.service_types import OnPredictionPart, Prediction, PredictionPart
 
@@ -34,11 +34,21 @@ Event = PredictionPart | Prediction | Failed
 class PredictionEvents:
     """Parts and the final answer (or error) of one prediction, in the order they came."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending_bytes: int) -> None:
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.answer: Prediction | None = None
+        self._pending_bytes = 0
+        self._max_pending_bytes = max_pending_bytes
 
     def on_part(self, part: PredictionPart) -> None:
+        """Queue a part for the client. A handler streaming faster than its client reads
+        may hold at most ``max_pending_bytes`` here; past that the request fails
+        (``ResponseTooLarge``), so a slow reader cannot grow the server's memory."""
+        if self._pending_bytes + len(part.body) > self._max_pending_bytes:
+            raise ResponseTooLarge(
+                f"the client fell behind the stream by over {self._max_pending_bytes} bytes"
+            )
+        self._pending_bytes += len(part.body)
         self._queue.put_nowait(part)
 
     async def run(self, predict: Callable[[OnPredictionPart], Awaitable[Prediction]]) -> None:
@@ -50,14 +60,18 @@ class PredictionEvents:
             self._queue.put_nowait(self.answer)
 
     async def next(self) -> Event:
-        return await self._queue.get()
+        event = await self._queue.get()
+        if isinstance(event, PredictionPart):
+            self._pending_bytes -= len(event.body)
+        return event
 
 
 async def prediction_response(
-    predict: Callable[[OnPredictionPart], Awaitable[Prediction]],
+    predict: Callable[[OnPredictionPart], Awaitable[Prediction]], max_pending_bytes: int
 ) -> tuple[Response, PredictionEvents]:
-    """The response for ``predict``: plain, or streamed once the handler sends a part."""
-    events = PredictionEvents()
+    """The response for ``predict``: plain, or streamed once the handler sends a part
+    (at most ``max_pending_bytes`` of parts waiting for a slow client)."""
+    events = PredictionEvents(max_pending_bytes)
     task = asyncio.ensure_future(events.run(predict))
     try:
         first = await events.next()

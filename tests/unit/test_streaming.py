@@ -208,3 +208,19 @@ def test_each_part_restarts_the_response_timeout() -> None:
         await runner.stop()
 
     run(scenario)
+
+
+def test_parts_a_slow_client_has_not_read_are_bounded() -> None:
+    from ferry.errors import ResponseTooLarge
+    from ferry.http.streaming import PredictionEvents
+    from ferry.service_types import PredictionPart
+
+    async def scenario() -> None:
+        events = PredictionEvents(max_pending_bytes=10)
+        events.on_part(PredictionPart(b"123456", "text/plain", 200, "r"))
+        with pytest.raises(ResponseTooLarge, match="fell behind the stream by over 10 bytes"):
+            events.on_part(PredictionPart(b"12345", "text/plain", 200, "r"))
+        await events.next()  # the client read the first part: room again
+        events.on_part(PredictionPart(b"1234567890", "text/plain", 200, "r"))
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
