@@ -115,7 +115,7 @@ def load_model_config(path: Path) -> ModelConfig:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelConfigError(f"cannot read {path.name}: {exc}") from exc
-    document = _load_yaml(text, path.name) or {}
+    document = load_yaml(text, path.name) or {}
     if not isinstance(document, dict):
         raise ModelConfigError(f"{path.name}: expected a mapping at the top level")
     try:
@@ -128,7 +128,7 @@ def load_model_config(path: Path) -> ModelConfig:
     return parse_model_config(document, source=path.name)
 
 
-def _load_yaml(text: str, name: str) -> Any:
+def load_yaml(text: str, name: str) -> Any:
     """``yaml.safe_load``, refusing documents that aliases expand beyond the size limit."""
     loader = yaml.SafeLoader(text)
     try:

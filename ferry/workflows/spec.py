@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ferry.config.model_config import MAX_DOCUMENT_BYTES, _load_yaml
+from ferry.config.model_config import MAX_DOCUMENT_BYTES, load_yaml
 from ferry.errors import InvalidWorkflow, ModelConfigError
 
 NODE_SEPARATOR = "__"
@@ -147,7 +147,7 @@ def load_spec(path: Path) -> WorkflowSpec:
 def parse_spec(text: str, source: str = "workflow spec") -> WorkflowSpec:
     """Parse a spec's YAML text; ``source`` names it in error messages."""
     try:
-        document = _load_yaml(text, source)  # refuses alias bombs
+        document = load_yaml(text, source)  # refuses alias bombs
     except ModelConfigError as exc:
         raise InvalidWorkflow(exc.message) from exc
     if not isinstance(document, dict):
