@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -56,7 +55,7 @@ from benchmarks.common import (
 )
 from benchmarks.server import ferry_server
 from ferry import __version__ as ferry_version
-from ferry.bench.servers import model_identity
+from ferry.bench.servers import model_identity, stop_group
 from ferry.bench.stats import percentile
 from ferry.grpc.generated import ferry_open_inference_pb2 as oip
 from ferry.grpc.generated import ferry_open_inference_pb2_grpc as oip_grpc
@@ -584,24 +583,7 @@ def torchserve(
         url = f"http://127.0.0.1:{ports['inference']}"
         yield Endpoints(url, f"127.0.0.1:{ports['grpc_inference']}")
     finally:
-        _stop_group(process)
-
-
-def _stop_group(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        process.poll()
-        try:
-            os.killpg(process.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)  # polling for the process group to disappear
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+        stop_group(process)
 
 
 # --- one workload ----------------------------------------------------------------------

@@ -54,6 +54,7 @@ from ferry.service_types import (
     RegisterRequest,
     Registration,
     TensorSpec,
+    page_of,
 )
 from ferry.snapshots import ServerSnapshot, VersionSnapshot, snapshot_folder, write_snapshot
 from ferry.status import ModelStatus, model_status
@@ -667,14 +668,9 @@ class FerryService:
 
     def list_models(self, limit: int, page_token: int) -> ModelPage:
         """A page of models (default versions), TorchServe's paging rules."""
-        if limit > 100 or limit < 0:
-            limit = 100
-        start = max(0, page_token)
         # Function nodes of workflows have no archive to name; TorchServe leaves them out.
         names = [name for name in self.registry.names() if self.registry.get(name).archive.source]
-        page = names[start : start + limit]
-        end = start + len(page)
-        token = str(end) if page and end < len(names) else None
+        page, token = page_of(names, limit, page_token)
         models = [(name, self.registry.get(name).archive.source) for name in page]
         return ModelPage(models, token)
 

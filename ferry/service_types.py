@@ -120,6 +120,17 @@ class Registration:
     ready: bool
 
 
+def page_of(names: list[str], limit: int, page_token: int) -> tuple[list[str], str | None]:
+    """TorchServe's paging of list calls (models, workflows): ``limit`` outside 0..100
+    means 100; the next token is the offset after this page, while names remain."""
+    if limit > 100 or limit < 0:
+        limit = 100
+    start = max(0, page_token)
+    page = names[start : start + limit]
+    end = start + len(page)
+    return page, str(end) if page and end < len(names) else None
+
+
 @dataclass(frozen=True)
 class ModelPage:
     models: list[tuple[str, str]]

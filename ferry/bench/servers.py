@@ -182,10 +182,10 @@ def start_server(
         metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
         yield StartedServer(url, metrics, log_path)
     finally:
-        _stop_group(process)
+        stop_group(process)
 
 
-def _stop_group(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
+def stop_group(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
     """Stop the server and every process it started (TorchServe's JVM and workers), and
     wait until they are gone: TorchServe refuses to start while another is running."""
     with contextlib.suppress(ProcessLookupError):

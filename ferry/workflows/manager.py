@@ -27,7 +27,7 @@ from ferry.errors import (
     WorkflowRegistrationFailed,
 )
 from ferry.service import FerryService
-from ferry.service_types import InputPart
+from ferry.service_types import InputPart, page_of
 from ferry.store.archive import ModelArchive
 from ferry.store.manifest import Manifest
 from ferry.store.remote import WORKFLOW_SUFFIXES, fetch_archive, is_remote
@@ -201,13 +201,7 @@ class WorkflowManager:
 
     def page(self, limit: int, page_token: int) -> WorkflowPage:
         """A page of workflows by name, with the model API's paging rules."""
-        if limit > 100 or limit < 0:
-            limit = 100
-        names = sorted(self._workflows)
-        start = max(0, page_token)
-        page = names[start : start + limit]
-        end = start + len(page)
-        token = str(end) if page and end < len(names) else None
+        page, token = page_of(sorted(self._workflows), limit, page_token)
         return WorkflowPage([(name, self._workflows[name].url) for name in page], token)
 
     def _get(self, name: str) -> RegisteredWorkflow:
