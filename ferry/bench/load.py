@@ -1,4 +1,5 @@
-"""An HTTP load generator for any server with TorchServe's inference API.
+"""A load generator for any server with TorchServe's inference API, or an Open Inference
+Protocol endpoint, over HTTP or gRPC (``ferry.bench.targets``).
 
 Closed loop (``concurrency`` clients, each waiting for its answer) or open loop (Poisson
 arrivals at ``rate`` per second, answered or not), stopped after ``requests`` requests or
@@ -17,13 +18,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from ferry.bench.arrivals import poisson_offsets
 from ferry.bench.stats import percentile
+from ferry.bench.targets import NoAnswer, Target, TargetSpec, open_target
 
 MAX_IN_FLIGHT = 10_000
 """Open loop: beyond this many unanswered requests, arrivals are counted as dropped."""
+MAX_CONNECTIONS = 1000
+"""Open loop over HTTP: connections kept open at most (arrivals beyond wait for one)."""
 
 
 @dataclass
@@ -31,18 +33,36 @@ class LoadResult:
     requests: int
     seconds: float
     latencies_ms: list[float] = field(default_factory=list)
+    """Latencies of successful (2xx) answers only: what the percentiles describe."""
+    error_latencies_ms: list[float] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
+    """gRPC status code names, for gRPC targets (``statuses`` holds their HTTP stand-ins)."""
     bodies: list[tuple[int, int, bytes]] = field(default_factory=list)
     """(request index, status, body), kept only when asked for."""
     transport_errors: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
 
     @property
+    def answered(self) -> int:
+        return len(self.latencies_ms) + len(self.error_latencies_ms)
+
+    @property
+    def failed(self) -> int:
+        """Requests that did not succeed: error answers, no answer, or dropped."""
+        return len(self.error_latencies_ms) + sum(self.transport_errors.values()) + self.dropped
+
+    @property
     def throughput(self) -> float:
-        """Answered requests per second."""
+        """Goodput: successful answers per second (errors are no throughput)."""
         return len(self.latencies_ms) / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.requests if self.requests else 0.0
+
     def latency_ms(self, q: float) -> float:
+        """Percentile ``q`` of successful answers' latencies."""
         return percentile(self.latencies_ms, q)
 
 
@@ -57,6 +77,11 @@ class LoadSpec:
     content_type: str = "application/octet-stream"
     seed: int = 0
     progress: bool = False
+    token: str | None = None
+
+    def target(self) -> TargetSpec:
+        connections = self.concurrency or MAX_CONNECTIONS
+        return TargetSpec(self.url, self.payloads, self.content_type, self.token, connections)
 
 
 class _Progress:
@@ -68,7 +93,7 @@ class _Progress:
         self.start = time.perf_counter()
         self.last = 0.0
 
-    def update(self, done: int) -> None:
+    def update(self, done: int, failed: int) -> None:
         now = time.perf_counter()
         if not self.enabled or now - self.last < 0.2:
             return
@@ -76,7 +101,9 @@ class _Progress:
         elapsed = now - self.start
         share = done / self.total if self.total else min(1.0, elapsed / (self.duration or 1))
         bar = "#" * int(share * 30)
-        sys.stderr.write(f"\r[{bar:<30}] {done} requests, {done / max(elapsed, 1e-9):.0f}/s ")
+        errors = f", {failed} failed" if failed else ""
+        rate = done / max(elapsed, 1e-9)
+        sys.stderr.write(f"\r[{bar:<30}] {done} answers, {rate:.0f}/s{errors} ")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -89,53 +116,56 @@ async def run_load(
     *,
     keep_bodies: bool = False,
     on_response: Callable[[int, int, bytes], None] | None = None,
+    target: Target | None = None,
 ) -> LoadResult:
+    """Run the load ``spec`` describes, against ``target`` if given (a fake, in tests),
+    else the one its URL names; raises ``UnsupportedTarget`` for a URL or payloads no
+    target speaks."""
     if (spec.concurrency is None) == (spec.rate is None):
         raise ValueError("give exactly one of concurrency or rate")
     if (spec.requests is None) == (spec.duration is None):
         raise ValueError("give exactly one of requests or duration")
     result = LoadResult(requests=0, seconds=0.0)
     progress = _Progress(spec.progress, spec.requests, spec.duration)
-    headers = {"Content-Type": spec.content_type}
-    limit = spec.concurrency or 1000
-    connector = aiohttp.TCPConnector(limit=limit, ssl=False)
-    timeout = aiohttp.ClientTimeout(total=600)
+    target = target or open_target(spec.target())
 
-    async def send(session: aiohttp.ClientSession, index: int) -> None:
-        payload = spec.payloads[index % len(spec.payloads)]
+    async def send(index: int) -> None:
         start = time.perf_counter()
         try:
-            async with session.post(spec.url, data=payload, headers=headers) as response:
-                body = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            result.transport_errors[type(exc).__name__] += 1
+            answer = await target.send(index)
+        except NoAnswer as exc:
+            result.transport_errors[exc.kind] += 1
             return
-        result.latencies_ms.append((time.perf_counter() - start) * 1000)
-        result.statuses[response.status] += 1
+        latency_ms = (time.perf_counter() - start) * 1000
+        (result.latencies_ms if answer.ok else result.error_latencies_ms).append(latency_ms)
+        result.statuses[answer.status] += 1
+        if answer.code is not None:
+            result.codes[answer.code] += 1
         if keep_bodies:
-            result.bodies.append((index, response.status, body))
+            result.bodies.append((index, answer.status, answer.body))
         if on_response is not None:
-            on_response(index, response.status, body)
-        progress.update(len(result.latencies_ms))
+            on_response(index, answer.status, answer.body)
+        progress.update(result.answered, result.failed)
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    try:
         start = time.perf_counter()
         deadline = start + spec.duration if spec.duration is not None else None
         if spec.concurrency is not None:
-            await _closed_loop(session, send, spec.concurrency, spec.requests, deadline, result)
+            await _closed_loop(send, spec.concurrency, spec.requests, deadline, result)
         else:
             assert spec.rate is not None
-            await _open_loop(session, send, spec.rate, spec.requests, deadline, spec.seed, result)
+            await _open_loop(send, spec.rate, spec.requests, deadline, spec.seed, result)
         result.seconds = time.perf_counter() - start
-    progress.close()
+    finally:
+        await target.close()
+        progress.close()
     return result
 
 
-Sender = Callable[[aiohttp.ClientSession, int], Coroutine[Any, Any, None]]
+Sender = Callable[[int], Coroutine[Any, Any, None]]
 
 
 async def _closed_loop(
-    session: aiohttp.ClientSession,
     send: Sender,
     concurrency: int,
     requests: int | None,
@@ -152,13 +182,12 @@ async def _closed_loop(
             if requests is not None and index >= requests:
                 return
             result.requests += 1
-            await send(session, index)
+            await send(index)
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
 
 
 async def _open_loop(
-    session: aiohttp.ClientSession,
     send: Sender,
     rate: float,
     requests: int | None,
@@ -180,7 +209,7 @@ async def _open_loop(
         if len(in_flight) >= MAX_IN_FLIGHT:
             result.dropped += 1
             continue
-        task = asyncio.create_task(send(session, index))
+        task = asyncio.create_task(send(index))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     if in_flight:

@@ -99,8 +99,14 @@ async def scrape(url: str) -> Samples | None:
     return parse_exposition(text) if "ferry_queue_wait_seconds" in text else None
 
 
-def server_figures(before: Samples, after: Samples, model: str) -> dict[str, object]:
-    """Queue time percentiles and batch-size distribution for ``model`` during the run."""
+def server_figures(
+    before: Samples, after: Samples, model: str, client_max_ms: float | None = None
+) -> dict[str, object]:
+    """Queue time percentiles and batch-size distribution for ``model`` during the run.
+
+    The percentiles are interpolated within histogram buckets; when one exceeds the
+    slowest successful answer the client measured (``client_max_ms``), it can only be the
+    bucket's bound, and ``queue_is_bucket_bound`` says so."""
     queue = histogram_delta(before, after, "ferry_queue_wait_seconds", model_name=model)
     batch = histogram_delta(before, after, "ferry_batch_size", model_name=model)
     distribution = {}
@@ -109,9 +115,11 @@ def server_figures(before: Samples, after: Samples, model: str) -> dict[str, obj
         label = "+Inf" if math.isinf(bound) else f"{bound:g}"
         distribution[f"<={label}"] = int(cumulative - previous)
         previous = cumulative
+    queue_ms = {f"p{q}": round(queue.quantile(q / 100) * 1000, 3) for q in (50, 90, 99)}
+    above_client = client_max_ms is not None and any(v > client_max_ms for v in queue_ms.values())
     return {
-        "queue_ms": {f"p{q}": round(queue.quantile(q / 100) * 1000, 3) for q in (50, 90, 99)}
-        | {"mean": round(queue.mean * 1000, 3)},
+        "queue_ms": queue_ms | {"mean": round(queue.mean * 1000, 3)},
+        "queue_is_bucket_bound": above_client,
         "batches": int(batch.count),
         "mean_batch_size": round(batch.mean, 2),
         "batch_size_distribution": distribution,

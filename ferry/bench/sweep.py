@@ -162,7 +162,7 @@ def measure(
         "Concurrency": concurrency,
         "Requests": summary["requests_sent"],
         "Failed requests": sum(summary["errors"].values()),
-        "Throughput": summary["throughput"],
+        "Throughput": summary["goodput"],
         "Latency P50": summary["p50_ms"],
         "Latency P90": summary["p90_ms"],
         "Latency P99": summary["p99_ms"],

@@ -63,8 +63,12 @@ def add_parser(commands: Any) -> None:
     tools = parser.add_subparsers(dest="tool", required=True)
     load = tools.add_parser(
         "load",
-        help="load-test any server with TorchServe's inference API",
-        description="Closed loop at a fixed concurrency, or open loop at a fixed Poisson rate.",
+        help="load-test a server over HTTP (any REST API) or gRPC",
+        description="Closed loop at a fixed concurrency, or open loop at a fixed Poisson rate. "
+        "URL: http(s)://HOST:PORT/PATH (a POST of each input), "
+        "grpc://HOST:PORT/predictions/MODEL[/VERSION] (TorchServe's Predictions) or "
+        "grpc://HOST:PORT/v2/models/MODEL[/versions/V]/infer (Open Inference ModelInfer). "
+        "Exits 1 when more than --max-error-rate of the requests fail.",
     )
     load.add_argument("url", help="e.g. http://127.0.0.1:8080/predictions/resnet18")
     load.add_argument("--input", required=True, help="comma-separated files sent in turn")
@@ -75,9 +79,16 @@ def add_parser(commands: Any) -> None:
     stop.add_argument("--requests", type=int)
     stop.add_argument("--duration", type=float, help="seconds")
     load.add_argument("--content-type", default="application/octet-stream")
+    load.add_argument("--token", help="inference key, sent as 'Authorization: Bearer KEY'")
+    load.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.0,
+        help="share of failed requests (0..1) above which the command exits 1 (default 0)",
+    )
     load.add_argument(
         "--metrics-url",
-        help="Ferry metrics endpoint (default: port 8082 when the target is on 8080)",
+        help="Ferry metrics endpoint (default: port 8082 when the target is on 8080 or 7070)",
     )
     load.add_argument("--out", type=Path, help="folder for load.json")
     load.add_argument("--seed", type=int, default=0, help="open-loop arrival seed")
@@ -125,37 +136,59 @@ def add_parser(commands: Any) -> None:
     tune.set_defaults(run=needing_bench_extra(run_tune_command, *BENCH_EXTRA_MODULES))
 
 
+DEFAULT_METRICS_PORTS = {8080: 8082, 7070: 8082}
+"""Ferry's (and TorchServe's) default ports: inference REST or gRPC -> metrics."""
+
+
 def _default_metrics_url(url: str) -> str | None:
     parts = urlsplit(url)
-    if parts.port != 8080 or parts.hostname is None:
+    metrics_port = DEFAULT_METRICS_PORTS.get(parts.port or 0)
+    if metrics_port is None or parts.hostname is None:
         return None
-    return urlunsplit((parts.scheme, f"{parts.hostname}:8082", "/metrics", "", ""))
+    scheme = "https" if parts.scheme == "https" else "http"
+    return urlunsplit((scheme, f"{parts.hostname}:{metrics_port}", "/metrics", "", ""))
 
 
 def _model_name(url: str) -> str | None:
+    """The model a TorchServe or Open Inference URL names (REST or gRPC)."""
     segments = urlsplit(url).path.strip("/").split("/")
-    return segments[1] if len(segments) >= 2 and segments[0] == "predictions" else None
+    if len(segments) >= 2 and segments[0] == "predictions":
+        return segments[1]
+    if len(segments) >= 3 and segments[:2] == ["v2", "models"]:
+        return segments[2]
+    return None
 
 
 async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
     from ferry.bench.load import run_load
     from ferry.bench.load_report import load_summary
     from ferry.bench.server_stats import scrape, server_figures
+    from ferry.bench.targets import check_reachable
 
-    before = await scrape(metrics_url) if metrics_url else None
+    await check_reachable(spec.url)
+    model = _model_name(spec.url)
+    before = await scrape(metrics_url) if metrics_url and model else None
     result = await run_load(spec)
     summary = load_summary(spec, result)
-    model = _model_name(spec.url)
-    if before is not None and metrics_url and model:
+    if metrics_url is None:
+        summary["server"] = "not measured: give --metrics-url for a Ferry server's figures"
+    elif model is None:
+        summary["server"] = "not measured: the URL names no model"
+    elif before is None:
+        summary["server"] = f"not measured: no Ferry metrics at {metrics_url}"
+    else:
         after = await scrape(metrics_url)
-        if after is not None:
-            summary["server"] = server_figures(before, after, model)
+        if after is None:
+            summary["server"] = f"not measured: {metrics_url} stopped answering"
+        else:
+            summary["server"] = server_figures(before, after, model, summary["max_ms"])
     return summary
 
 
 def run_load_command(args: argparse.Namespace) -> int:
     from ferry.bench.load import LoadSpec
     from ferry.bench.load_report import format_summary
+    from ferry.bench.targets import Unreachable, UnsupportedTarget
 
     for name, value in (
         ("concurrency", args.concurrency),
@@ -166,10 +199,13 @@ def run_load_command(args: argparse.Namespace) -> int:
         if value is not None and value <= 0:
             print(f"ferry bench load: --{name} must be positive", file=sys.stderr)
             return 2
+    if not 0 <= args.max_error_rate <= 1:
+        print("ferry bench load: --max-error-rate must be between 0 and 1", file=sys.stderr)
+        return 2
     try:
         payloads = [Path(p).read_bytes() for p in args.input.split(",") if p]
     except OSError as exc:
-        print(f"ferry bench load: {exc}", file=sys.stderr)
+        print(f"ferry bench load: --input: {exc}", file=sys.stderr)
         return 2
     spec = LoadSpec(
         args.url,
@@ -181,12 +217,32 @@ def run_load_command(args: argparse.Namespace) -> int:
         content_type=args.content_type,
         seed=args.seed,
         progress=True,
+        token=args.token,
     )
-    summary = asyncio.run(_measure(spec, args.metrics_url or _default_metrics_url(args.url)))
+    try:
+        summary = asyncio.run(_measure(spec, args.metrics_url or _default_metrics_url(args.url)))
+    except (UnsupportedTarget, Unreachable) as exc:
+        print(f"ferry bench load: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UnsupportedTarget) else 1
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "grpc":
+            raise
+        print(
+            "ferry bench load: gRPC targets need the 'grpc' extra: pip install 'ferry-serve[grpc]'",
+            file=sys.stderr,
+        )
+        return 2
     print(format_summary(summary))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "load.json").write_text(json.dumps(summary, indent=2))
+    if summary["error_rate"] > args.max_error_rate:
+        print(
+            f"ferry bench load: {summary['error_rate']:.2%} of requests failed, more than "
+            f"--max-error-rate {args.max_error_rate:.2%}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

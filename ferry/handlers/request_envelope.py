@@ -73,7 +73,10 @@ class _PerRequestRows(BaseEnvelope):
             )
         shares, start = [], 0
         for index, count in enumerate(self._counts):
-            shares.append(self.answer_for(index, answers[start : start + count]))
+            share = answers[start : start + count]
+            # A row the handler failed (an exception in its place) fails its request alone.
+            failure = next((a for a in share if isinstance(a, BaseException)), None)
+            shares.append(failure if failure is not None else self.answer_for(index, share))
             start += count
         return shares
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections import Counter
 from itertools import islice, pairwise
 
 import pytest
 
 from ferry.bench.arrivals import poisson_offsets
-from ferry.bench.load import LoadResult, LoadSpec
-from ferry.bench.load_report import format_summary, load_summary
 from ferry.bench.server_stats import histogram_delta, parse_exposition, server_figures
 from ferry.bench.stats import percentile
 from ferry.metrics.definitions import FerryMetrics
@@ -60,17 +57,3 @@ def test_histogram_quantiles_from_scrape_deltas() -> None:
     assert distribution["<=1"] == 1 and distribution["<=8"] == 3
     queue = figures["queue_ms"]
     assert isinstance(queue, dict) and 1.0 <= queue["p50"] <= 2.5
-
-
-def test_summary_of_a_synthetic_run() -> None:
-    result = LoadResult(
-        requests=100,
-        seconds=2.0,
-        latencies_ms=[float(i) for i in range(1, 101)],
-        statuses=Counter({200: 97, 503: 3}),
-    )
-    spec = LoadSpec("http://x/predictions/m", [b""], concurrency=4, requests=100)
-    summary = load_summary(spec, result)
-    assert summary["throughput"] == 50.0 and summary["p99_ms"] == pytest.approx(99.01)
-    assert summary["errors"] == {"503": 3} and summary["error_rate"] == 0.03
-    assert "503: 3" in format_summary(summary)

@@ -114,3 +114,21 @@ def test_a_body_that_is_not_json_is_a_client_error(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidInput, match="expects a JSON body"):
         wrap(Recorder(), "kservev2")([{"body": b"\x89PNG"}], _context(tmp_path, 1))
+
+
+@pytest.mark.parametrize("envelope", ["json", "kserve", "kservev2"])
+def test_a_row_the_handler_failed_fails_only_its_own_request(tmp_path: Path, envelope: str) -> None:
+    from ferry.errors import InvalidInput
+
+    bad = InvalidInput("row 1 is not an image")
+    handler = Recorder(lambda rows: [bad if i == 1 else i for i, _ in enumerate(rows)])
+    if envelope == "kservev2":
+        bodies: list[Any] = [
+            {"inputs": [{"name": "a", "shape": [1], "datatype": "INT64", "data": [v]}]}
+            for v in (1, 2, 3)
+        ]
+    else:
+        bodies = [{"instances": [v]} for v in (1, 2, 3)]
+    out = wrap(handler, envelope)([{"body": b} for b in bodies], _context(tmp_path, 3))
+    assert out[1] is bad  # the runner answers it as that error (a 400)
+    assert not isinstance(out[0], BaseException) and not isinstance(out[2], BaseException)
