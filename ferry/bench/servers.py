@@ -7,6 +7,7 @@ delay and workers, so one spec drives either server.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -16,9 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -56,22 +59,48 @@ def model_identity(model: Path) -> tuple[str, str]:
         return archive.name, archive.version
 
 
-def with_precision(model: Path, precision: str, store: Path) -> Path:
-    """A folder copy of the model whose model-config.yaml asks for ``precision``."""
+def model_config_document(model: Path) -> dict[str, Any]:
+    """The model's own model-config.yaml, as a dict (empty when it has none)."""
+    with tempfile.TemporaryDirectory() as work:
+        return copy.deepcopy(dict(open_model(model.parent, model.name, Path(work)).config.raw))
+
+
+def copy_with_config(model: Path, target: Path, update: Callable[[dict[str, Any]], None]) -> Path:
+    """A folder copy of the model at ``target`` whose model-config.yaml is the archive's
+    own, changed by ``update`` (every other key kept)."""
     with tempfile.TemporaryDirectory() as work:
         archive = open_model(model.parent, model.name, Path(work))
-        target = store / f"{archive.name}-{precision}"
         shutil.copytree(archive.model_dir, target, dirs_exist_ok=True)
     config_name = archive.manifest.config_file or "model-config.yaml"
-    document = dict(archive.config.raw)
-    document["optimization"] = {**(document.get("optimization") or {}), "precision": precision}
-    (target / config_name).write_text(yaml.safe_dump(document))
+    document = copy.deepcopy(dict(archive.config.raw))
+    update(document)
+    (target / config_name).write_text(yaml.safe_dump(document, sort_keys=False))
     if archive.manifest.config_file is None:
         manifest_path = target / "MAR-INF" / "MANIFEST.json"
         manifest = json.loads(manifest_path.read_text())
         manifest["model"]["configFile"] = config_name
         manifest_path.write_text(json.dumps(manifest))
     return target
+
+
+def with_precision(model: Path, precision: str, store: Path) -> Path:
+    """A folder copy of the model whose model-config.yaml asks for ``precision``."""
+    name, _ = model_identity(model)
+
+    def set_precision(document: dict[str, Any]) -> None:
+        document["optimization"] = {**(document.get("optimization") or {}), "precision": precision}
+
+    return copy_with_config(model, store / f"{name}-{precision}", set_precision)
+
+
+def zip_folder(folder: Path, archive: Path) -> Path:
+    """``folder``'s files as a ``.mar`` (a zip, paths relative to the folder)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out.write(path, path.relative_to(folder).as_posix())
+    return archive
 
 
 def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[str, int]) -> Path:
@@ -107,29 +136,58 @@ def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[st
     return path
 
 
+class ServerFailed(RuntimeError):
+    """A server for one configuration did not start; the message says why."""
+
+
+def server_environment() -> dict[str, str]:
+    """This process's environment less ``FERRY_*`` and ``TS_*`` settings, which would
+    override the configuration written for the child server."""
+    return {
+        key: value for key, value in os.environ.items() if not key.startswith(("FERRY_", "TS_"))
+    }
+
+
+def log_reason(log_path: Path, lines: int = 3) -> str:
+    """The last lines of a server's log that name an error (else its last lines)."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    meaningful = [line.strip() for line in text if line.strip()]
+    errors = [line for line in meaningful if "error" in line.lower() or "Error" in line]
+    chosen = (errors or meaningful)[-lines:]
+    return " | ".join(line[:200] for line in chosen) or "empty log"
+
+
 def _wait_healthy(
     url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: see {log_path}")
+            raise ServerFailed(
+                f"server exited with {process.returncode}: {log_reason(log_path)} (log: {log_path})"
+            )
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
                 return
         time.sleep(0.2)  # polling the health endpoint of a starting server
-    raise RuntimeError(f"server not healthy within {timeout:.0f}s: see {log_path}")
+    raise ServerFailed(f"server not healthy within {timeout:.0f}s (log: {log_path})")
 
 
 @contextlib.contextmanager
 def start_server(
     kind: str, model: Path, config: ServerConfig, folder: Path
 ) -> Iterator[StartedServer]:
-    """``kind`` is ``ferry`` or ``torchserve``; the server is stopped on exit."""
+    """``kind`` is ``ferry`` or ``torchserve``; the server is stopped on exit. A server
+    that does not start raises ``ServerFailed`` with the reason its log gives."""
+    folder = folder.resolve()  # the server runs in it: a relative path would not resolve
+    model = model.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     if config.precision != "fp32":
         if kind != "ferry":
-            raise RuntimeError("a precision other than fp32 is a Ferry setting")
+            raise ServerFailed("a precision other than fp32 is a Ferry setting")
         model = with_precision(model, config.precision, folder / "model")
     apis = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
     ports = {api: _free_port() for api in apis}
@@ -150,7 +208,7 @@ def start_server(
         # TORCHSERVE_BIN_DIR: the bin folder of a virtual environment holding TorchServe.
         executable = shutil.which("torchserve", path=os.environ.get("TORCHSERVE_BIN_DIR"))
         if executable is None:
-            raise RuntimeError("torchserve is not installed (see benchmarks/README.md)")
+            raise ServerFailed("torchserve is not installed (see benchmarks/README.md)")
         argv = [
             executable,
             "--start",
@@ -170,7 +228,7 @@ def start_server(
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             argv,
-            env={**os.environ, "PATH": path},
+            env={**server_environment(), "PATH": path},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

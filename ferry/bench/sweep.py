@@ -4,7 +4,7 @@ server, reported with TorchServe's benchmark columns."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,10 +16,24 @@ import yaml
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.load_report import load_summary
 from ferry.bench.server_stats import Samples, histogram_delta, scrape
-from ferry.bench.servers import ServerConfig, model_identity, start_server
+from ferry.bench.servers import ServerConfig, ServerFailed, model_identity, start_server
+from ferry.bench.tune import configurations
 from ferry.errors import ConfigError
 
-GRID_KEYS = ("batch_size", "max_batch_delay", "workers", "concurrency")
+SPEC_KEYS = (
+    "model",
+    "input",
+    "content_type",
+    "batch_size",
+    "max_batch_delay",
+    "workers",
+    "precision",
+    "concurrency",
+    "requests",
+    "duration",
+    "server",
+)
+"""Every key a sweep spec may have: any other is refused, naming the nearest."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,7 @@ class SweepSpec:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         if not isinstance(document, dict) or "model" not in document or "input" not in document:
             raise ConfigError(f"{path.name}: needs at least 'model' and 'input'")
+        _unknown_keys(document, path.name)
         base = path.parent
 
         def ints(key: str, default: list[int]) -> list[int]:
@@ -80,10 +95,21 @@ class SweepSpec:
         )
 
     def configurations(self) -> list[ServerConfig]:
-        grid = itertools.product(
-            self.batch_size, self.max_batch_delay, self.workers, self.precision
-        )
-        return [ServerConfig(b, d, w, p) for b, d, w, p in grid]
+        """Every configuration of the grid but those that cannot differ (batch size 1
+        with another delay: a batch of one never waits)."""
+        return configurations(self.batch_size, self.max_batch_delay, self.workers, self.precision)
+
+
+def _unknown_keys(document: dict[str, Any], source: str) -> None:
+    unknown = [str(key) for key in document if key not in SPEC_KEYS]
+    if not unknown:
+        return
+    key = unknown[0]
+    close = difflib.get_close_matches(key, SPEC_KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(
+        f"{source}: unknown key {key!r}{hint}; a spec's keys are {', '.join(SPEC_KEYS)}"
+    )
 
 
 def _precisions(value: Any, source: str) -> list[str]:
@@ -152,14 +178,7 @@ def measure(
         )
     queue_ms = _quantiles_ms(before, after, "ferry_queue_wait_seconds", model_name=model)
     return {
-        "Benchmark": spec.server,
-        "Model": spec.model.name,
-        "Input": ",".join(p.name for p in spec.inputs),
-        "Batch size": config.batch_size,
-        "Batch delay": config.max_batch_delay,
-        "Workers": config.workers,
-        "Precision": config.precision,
-        "Concurrency": concurrency,
+        **_identity_columns(spec, concurrency, config),
         "Requests": summary["requests_sent"],
         "Failed requests": sum(summary["errors"].values()),
         "Throughput": summary["goodput"],
@@ -174,27 +193,67 @@ def measure(
         "Queue time p50": queue_ms[0],
         "Queue time p90": queue_ms[1],
         "Queue time p99": queue_ms[2],
+        "Error": "",
+    }
+
+
+def _identity_columns(spec: SweepSpec, concurrency: int, config: ServerConfig) -> dict[str, Any]:
+    return {
+        "Benchmark": spec.server,
+        "Model": spec.model.name,
+        "Input": ",".join(p.name for p in spec.inputs),
+        "Batch size": config.batch_size,
+        "Batch delay": config.max_batch_delay,
+        "Workers": config.workers,
+        "Precision": config.precision,
+        "Concurrency": concurrency,
+    }
+
+
+def failed_row(
+    spec: SweepSpec, concurrency: int, config: ServerConfig, reason: str
+) -> dict[str, Any]:
+    """The row of a configuration whose server did not start: no figures, the reason."""
+    return {
+        **_identity_columns(spec, concurrency, config),
+        "Requests": 0,
+        "Failed requests": 0,
+        "Throughput": None,
+        "Latency P50": None,
+        "Latency P90": None,
+        "Latency P99": None,
+        "Latency mean": None,
+        "Error rate": None,
+        "Error": reason,
     }
 
 
 def run_sweep(
     spec: SweepSpec, out: Path, on_row: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
+    """Every configuration on a fresh server; one that does not start gets rows saying
+    why (``Error``), and the sweep goes on."""
     name, _ = model_identity(spec.model)
     rows = []
     for index, config in enumerate(spec.configurations()):
-        folder = (
-            out
-            / "servers"
-            / f"{index:02d}-b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}"
-            f"-{config.precision}"
-        )
-        with start_server(spec.server, spec.model, config, folder) as server:
-            warm_up(server.inference_url, name, spec)
+        folder = out / "servers" / f"{index:02d}-{config_label(config)}"
+        try:
+            with start_server(spec.server, spec.model, config, folder) as server:
+                warm_up(server.inference_url, name, spec)
+                for concurrency in spec.concurrency:
+                    row = measure(
+                        server.inference_url, server.metrics_url, name, spec, concurrency, config
+                    )
+                    rows.append(row)
+                    on_row(row)
+        except ServerFailed as failure:
             for concurrency in spec.concurrency:
-                row = measure(
-                    server.inference_url, server.metrics_url, name, spec, concurrency, config
-                )
+                row = failed_row(spec, concurrency, config, str(failure))
                 rows.append(row)
                 on_row(row)
     return rows
+
+
+def config_label(config: ServerConfig) -> str:
+    """``b8-d10-w2-fp32``: a configuration in file names and progress lines."""
+    return f"b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}-{config.precision}"

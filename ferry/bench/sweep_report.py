@@ -9,8 +9,9 @@ from typing import Any
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # failed rows have fewer
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -23,34 +24,68 @@ def _cell(value: Any) -> str:
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row[c]) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 
+MARKERS = "osD^v<>pXh*P"
+
+
+def series_style(index: int) -> dict[str, Any]:
+    """A colour and marker no other of the first 220 series shares (20 colours x 11
+    markers), so a legend stays unambiguous beyond matplotlib's ten default colours."""
+    import matplotlib
+
+    colour = matplotlib.colormaps["tab20"](index % 20)
+    return {"color": colour, "marker": MARKERS[(index // 20 + index) % 11]}
+
+
+def conditions() -> str:
+    """The machine a figure was measured on, for its footnote."""
+    import os
+    import platform
+
+    import torch
+
+    return f"measured on {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}"
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
+
+
 def plot_throughput_against_p99(
-    rows: list[dict[str, Any]], path: Path, title: str, slo_ms: float | None = None
+    rows: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    slo_ms: float | None = None,
+    chosen: Any = None,
 ) -> None:
+    """Goodput against p99, one series per configuration (points: concurrency); the SLO
+    as a line, ``chosen`` (a tune ``Trial``) ringed and named, the machine in a footnote."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 5))
+    figure, axes = plt.subplots(figsize=(9, 5.5))
 
     def key(row: dict[str, Any]) -> tuple[Any, ...]:
         return (row["Batch size"], row["Batch delay"], row["Workers"], row.get("Precision", "fp32"))
 
-    for batch, delay, workers, precision in sorted({key(r) for r in rows}):
+    for index, (batch, delay, workers, precision) in enumerate(sorted({key(r) for r in rows})):
         series = [
             r
             for r in rows
             if key(r) == (batch, delay, workers, precision) and r["Latency P99"] is not None
         ]
+        if not series:
+            continue
         axes.plot(
             [r["Latency P99"] for r in series],
             [r["Throughput"] for r in series],
-            marker="o",
-            label=f"batch {batch}, delay {delay} ms, {workers} workers, {precision}",
+            label=f"batch {batch}, delay {delay} ms, {_workers(workers)}, {precision}",
+            **series_style(index),
         )
         for r in series:
             axes.annotate(
@@ -58,17 +93,33 @@ def plot_throughput_against_p99(
                 (r["Latency P99"], r["Throughput"]),
                 fontsize=7,
                 textcoords="offset points",
-                xytext=(3, 3),
+                xytext=(4, -9),
             )
     if slo_ms is not None:
         axes.axvline(slo_ms, color="red", linestyle="--", label=f"p99 SLO {slo_ms:g} ms")
-    axes.set_xlabel("p99 latency (ms)")
-    axes.set_ylabel("throughput (requests/s)")
+    if chosen is not None:
+        axes.scatter(
+            [chosen.p99_ms],
+            [chosen.throughput],
+            s=260,
+            facecolors="none",
+            edgecolors="black",
+            linewidths=2,
+            zorder=5,
+            label=(
+                f"chosen: batch {chosen.config.batch_size}, delay "
+                f"{chosen.config.max_batch_delay} ms, {_workers(chosen.config.workers)}, "
+                f"{chosen.config.precision}, c{chosen.concurrency}"
+            ),
+        )
+    axes.set_xlabel("p99 latency of successful answers (ms)")
+    axes.set_ylabel("goodput (successful answers/s)")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    axes.legend(fontsize=7, loc="best")
+    figure.text(0.01, 0.01, conditions(), fontsize=7, color="dimgray")
+    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
@@ -84,6 +135,7 @@ SUMMARY_COLUMNS = [
     "Error rate",
     "Model_p50",
     "Queue time p50",
+    "Error",
 ]
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import importlib
 import json
+import math
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,8 +135,17 @@ def add_parser(commands: Any) -> None:
     tune.add_argument("--workers", default=None, help="default: 1 and the core count")
     tune.add_argument("--concurrency", default="1,2,4,8,16,32")
     tune.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
-    tune.add_argument("--requests", type=int, default=200, help="per measurement")
+    tune.add_argument(
+        "--requests",
+        type=int,
+        help="per measurement (default: enough for ten answers beyond p99, and ten per client)",
+    )
     tune.add_argument("--out", type=Path, default=Path("tune-results"))
+    tune.add_argument(
+        "--archive",
+        action="store_true",
+        help="also write OUT/NAME.mar: the model with the tuned configuration",
+    )
     tune.set_defaults(run=needing_bench_extra(run_tune_command, *BENCH_EXTRA_MODULES))
 
 
@@ -297,6 +310,36 @@ def run_profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Eta:
+    """Elapsed time and the time left, from the measurements done so far."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.start = time.monotonic()
+        self.done = 0
+
+    def step(self) -> str:
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        left = elapsed / self.done * max(0, self.total - self.done)
+        return f"{_clock(elapsed)} elapsed, at most {_clock(left)} left"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    label = (
+        f"batch {row['Batch size']} delay {row['Batch delay']} workers {row['Workers']} "
+        f"{row['Precision']} c{row['Concurrency']}"
+    )
+    if row.get("Error"):
+        return f"{label}: failed: {row['Error']}"
+    return f"{label}: {row['Throughput']} req/s, p99 {row['Latency P99']} ms"
+
+
 def run_sweep_command(args: argparse.Namespace) -> int:
     from ferry.bench.sweep import SweepSpec, run_sweep
     from ferry.bench.sweep_report import write_sweep_reports
@@ -308,25 +351,18 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"ferry bench sweep: {error.message}", file=sys.stderr)
         return 2
     total = len(spec.configurations()) * len(spec.concurrency)
-    done = []
+    eta = _Eta(total)
 
     def report(row: dict[str, Any]) -> None:
-        done.append(row)
-        print(
-            f"[{len(done)}/{total}] batch {row['Batch size']} delay {row['Batch delay']} "
-            f"workers {row['Workers']} c{row['Concurrency']}: {row['Throughput']} req/s, "
-            f"p99 {row['Latency P99']} ms",
-            file=sys.stderr,
-        )
+        print(f"[{eta.done + 1}/{total}] {_row_line(row)} ({eta.step()})", file=sys.stderr)
 
-    try:
-        rows = run_sweep(spec, args.out, report)
-    except RuntimeError as exc:
-        print(f"ferry bench sweep: {exc}", file=sys.stderr)
-        return 1
+    rows = run_sweep(spec, args.out.resolve(), report)
     for path in write_sweep_reports(rows, args.out, spec.model.name):
         print(path)
-    return 0
+    failed = sum(1 for row in rows if row.get("Error"))
+    if failed:
+        print(f"ferry bench sweep: {failed} of {len(rows)} points failed", file=sys.stderr)
+    return 1 if failed == len(rows) else 0
 
 
 def _duration_ms(text: str) -> float:
@@ -338,13 +374,26 @@ def _duration_ms(text: str) -> float:
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    import contextlib
-    import itertools
-
-    from ferry.bench.servers import ServerConfig, model_identity, start_server
-    from ferry.bench.sweep import SweepSpec, measure, warm_up
+    from ferry.bench.servers import (
+        ServerConfig,
+        ServerFailed,
+        copy_with_config,
+        model_config_document,
+        model_identity,
+        start_server,
+        zip_folder,
+    )
+    from ferry.bench.sweep import SweepSpec, config_label, failed_row, measure, warm_up
     from ferry.bench.sweep_report import markdown_table, plot_throughput_against_p99, write_csv
-    from ferry.bench.tune import Trial, model_config_yaml, search
+    from ferry.bench.tune import (
+        Trial,
+        config_changes,
+        configurations,
+        model_config_yaml,
+        requests_for_percentile,
+        search,
+        tuned_config,
+    )
     from ferry.config.settings import available_cores
 
     try:
@@ -358,11 +407,26 @@ def run_tune_command(args: argparse.Namespace) -> int:
         inputs = [Path(p).resolve() for p in args.input.split(",") if p]
         if slo_ms <= 0 or not all(p.is_file() for p in inputs):
             raise ValueError("the SLO must be positive and every input a file")
+        if args.requests is not None and args.requests < max(concurrencies):
+            raise ValueError(
+                f"--requests {args.requests} is fewer than the highest concurrency "
+                f"{max(concurrencies)}: some clients would send nothing"
+            )
     except ValueError as exc:
         print(f"ferry bench tune: {exc}", file=sys.stderr)
         return 2
+    if args.requests is not None and args.requests < requests_for_percentile(99, 1):
+        print(
+            f"ferry bench tune: warning: with {args.requests} requests per point, p99 rests "
+            f"on the slowest {max(1, args.requests // 100)} answers; leave --requests out to "
+            "measure enough for p99",
+            file=sys.stderr,
+        )
     model = args.model.resolve()
+    out = args.out.resolve()
     name, _ = model_identity(model)
+    base_config = model_config_document(model)
+    configs = configurations(batch_sizes, delays, workers, precisions)
     spec = SweepSpec(
         model,
         inputs,
@@ -377,62 +441,78 @@ def run_tune_command(args: argparse.Namespace) -> int:
         "ferry",
     )
     rows: list[dict[str, Any]] = []
+    eta = _Eta(len(configs) * len(concurrencies))
     with contextlib.ExitStack() as stack:
         current: dict[str, Any] = {}
 
         def evaluate(config: ServerConfig, concurrency: int) -> Trial:
             if current.get("config") != config:
                 stack.close()  # the previous configuration's server
-                folder = (
-                    args.out
-                    / "servers"
-                    / f"b{config.batch_size}-d{config.max_batch_delay}-w{config.workers}"
-                    f"-{config.precision}"
-                )
-                current["server"] = stack.enter_context(
-                    start_server("ferry", model, config, folder)
-                )
+                current.clear()
+                folder = out / "servers" / config_label(config)
+                try:
+                    current["server"] = stack.enter_context(
+                        start_server("ferry", model, config, folder)
+                    )
+                except ServerFailed as failure:
+                    current["failure"] = str(failure)
                 current["config"] = config
-                warm_up(current["server"].inference_url, name, spec)
-            server = current["server"]
-            row = measure(server.inference_url, server.metrics_url, name, spec, concurrency, config)
+                if "server" in current:
+                    warm_up(current["server"].inference_url, name, spec)
+            if "failure" in current:
+                row = failed_row(spec, concurrency, config, current["failure"])
+                trial = Trial(config, concurrency, 0.0, math.inf, 1.0, current["failure"])
+            else:
+                server = current["server"]
+                requests = args.requests or requests_for_percentile(99, concurrency)
+                point = dataclasses.replace(spec, requests=requests)
+                row = measure(
+                    server.inference_url, server.metrics_url, name, point, concurrency, config
+                )
+                p99 = row["Latency P99"] if row["Latency P99"] is not None else math.inf
+                trial = Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
             rows.append(row)
-            print(
-                f"batch {config.batch_size} delay {config.max_batch_delay} workers "
-                f"{config.workers} c{concurrency}: {row['Throughput']} req/s, p99 "
-                f"{row['Latency P99']} ms",
-                file=sys.stderr,
-            )
-            p99 = row["Latency P99"] if row["Latency P99"] is not None else float("inf")
-            return Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
+            print(f"{_row_line(row)} ({eta.step()})", file=sys.stderr)
+            return trial
 
-        configs = [
-            ServerConfig(b, d, w, p)
-            for b, d, w, p in itertools.product(batch_sizes, delays, workers, precisions)
-        ]
         result = search(evaluate, configs, concurrencies, slo_ms)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.out / "tune.csv")
-    plot_throughput_against_p99(rows, args.out / "tune.png", model.name, slo_ms)
-    if result.best is None:
-        print(f"no configuration met p99 <= {slo_ms:g} ms; see {args.out / 'tune.csv'}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "tune.csv")
+    chosen = result.best
+    title = f"ferry bench tune: {model.name}, p99 SLO {slo_ms:g} ms"
+    plot_throughput_against_p99(rows, out / "tune.png", title, slo_ms, chosen=chosen)
+    if chosen is None:
+        failures = sorted({t.failure for t in result.trials if t.failure})
+        print(f"no configuration met p99 <= {slo_ms:g} ms; see {out / 'tune.csv'}")
+        for failure in failures:
+            print(f"  a configuration failed: {failure}")
         return 1
-    (args.out / "model-config.yaml").write_text(model_config_yaml(result.best, slo_ms))
-    ranked = [result.best, *result.runners_up]
+    (out / "model-config.yaml").write_text(model_config_yaml(chosen, slo_ms, base_config))
+    ranked = [chosen, *result.runners_up]
     table = [
         {
             "rank": i + 1,
             "Batch size": t.config.batch_size,
             "Batch delay": t.config.max_batch_delay,
             "Workers": t.config.workers,
+            "Precision": t.config.precision,
             "Concurrency": t.concurrency,
-            "Throughput": t.throughput,
-            "Latency P99": t.p99_ms,
+            "Goodput (req/s)": t.throughput,
+            "p99 (ms)": t.p99_ms,
         }
         for i, t in enumerate(ranked)
     ]
     text = markdown_table(table, list(table[0]))
-    (args.out / "tune.md").write_text(f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{text}\n")
+    (out / "tune.md").write_text(f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{text}\n")
     print(text)
-    print(f"wrote {args.out / 'model-config.yaml'}")
+    print(f"wrote {out / 'model-config.yaml'}: the archive's configuration with")
+    for line in config_changes(base_config, tuned_config(base_config, chosen.config)):
+        print(f"  {line}")
+    if args.archive:
+        with tempfile.TemporaryDirectory() as work:
+            folder = copy_with_config(
+                model, Path(work) / name, lambda d: d.update(tuned_config(d, chosen.config))
+            )
+            archive = zip_folder(folder, out / f"{name}.mar")
+        print(f"wrote {archive}: the model with that configuration, ready to serve")
     return 0

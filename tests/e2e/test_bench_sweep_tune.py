@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import csv
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures.cli import run_ferry
-from tests.fixtures.models import digest_archive
+from tests.fixtures.models import DEMO_STORE, digest_archive
+from tests.fixtures.server import ferry_server
+
+DEMO_SAMPLES = DEMO_STORE.parent / "samples"
 
 pytestmark = pytest.mark.e2e
 
@@ -39,8 +43,9 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path, model: Path) -> None
         )
     )
     out = tmp_path / "out"
-    run = run_ferry("bench", "sweep", str(spec), "--out", str(out), timeout=600)
+    run = run_ferry("bench", "sweep", "spec.yaml", "--out", "out", timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
+    assert "[4/4] batch 4 delay 5 workers 1 fp32 c4:" in run.stderr and "left" in run.stderr
     with open(out / "sweep.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 4
@@ -69,6 +74,93 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path, model: Path) -> None
     }
     assert "| Batch size |" in (out / "sweep.md").read_text()
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_configuration_that_cannot_start_is_reported_not_raised(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(DEMO_STORE / "shapes.mar"),
+                "input": [str(DEMO_SAMPLES / "star.png")],
+                "server": "torchserve",
+                "precision": ["fp16"],  # a Ferry setting: TorchServe cannot be asked for it
+                "concurrency": [1, 2],
+            }
+        )
+    )
+    run = run_ferry("bench", "sweep", str(spec), "--out", str(tmp_path / "out"), timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "failed: a precision other than fp32 is a Ferry setting" in run.stderr
+    assert "2 of 2 points failed" in run.stderr
+    with open(tmp_path / "out" / "sweep.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["Error"] for r in rows] == ["a precision other than fp32 is a Ferry setting"] * 2
+
+
+def test_tune_merges_into_the_archive_config_and_writes_a_ready_archive(tmp_path: Path) -> None:
+    run = run_ferry(
+        "bench",
+        "tune",
+        str(DEMO_STORE / "shapes.mar"),
+        "--slo-p99",
+        "60s",  # met by every configuration however busy the machine: no speed is asserted
+        "--input",
+        str(DEMO_SAMPLES / "star.png"),
+        "--batch-sizes",
+        "1,2",
+        "--delays",
+        "5,10",
+        "--workers",
+        "1",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "40",
+        "--out",
+        "tuned",  # relative: the README's form
+        "--archive",
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "p99 rests on the slowest" in run.stderr  # 40 requests are too few for p99
+    # batch size 1 never waits for its delay: measured with the first delay only
+    assert run.stderr.count("batch 1 delay 10") == 0 and "batch 2 delay 10" in run.stderr
+    out = tmp_path / "tuned"
+    chosen = yaml.safe_load((out / "model-config.yaml").read_text())
+    with zipfile.ZipFile(DEMO_STORE / "shapes.mar") as archive:
+        original = yaml.safe_load(archive.read("model-config.yaml"))
+    assert chosen["image_classifier"] == original["image_classifier"]
+    assert chosen["responseTimeout"] == original["responseTimeout"]
+    assert chosen["batchSize"] in (1, 2) and chosen["minWorkers"] == 1
+    assert "| Precision |" in run.stdout and "batchSize: " in run.stdout
+    assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    store = tmp_path / "store"
+    store.mkdir()
+    (out / "shapes.mar").rename(store / "shapes.mar")
+    with ferry_server(store, ["shapes.mar"], tmp_path) as server, server.client() as http:
+        for shape in ("star", "circle", "cross", "triangle"):
+            body = (DEMO_SAMPLES / f"{shape}.png").read_bytes()
+            answer = http.post("/predictions/shapes", content=body).json()
+            assert max(answer, key=answer.get) == shape
+
+
+def test_tune_refuses_too_few_requests_for_its_concurrency(tmp_path: Path) -> None:
+    run = run_ferry(
+        "bench",
+        "tune",
+        str(DEMO_STORE / "shapes.mar"),
+        "--slo-p99",
+        "1s",
+        "--input",
+        str(DEMO_SAMPLES / "star.png"),
+        "--concurrency",
+        "1,64",
+        "--requests",
+        "32",
+    )
+    assert run.returncode == 2 and "fewer than the highest concurrency 64" in run.stderr
 
 
 def test_tune_writes_the_model_config_to_use(tmp_path: Path, model: Path) -> None:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ferry.bench.servers import ServerConfig
 from ferry.bench.sweep import SweepSpec
-from ferry.bench.tune import Trial, model_config_yaml, search
+from ferry.bench.tune import (
+    Trial,
+    config_changes,
+    configurations,
+    model_config_yaml,
+    requests_for_percentile,
+    search,
+    tuned_config,
+)
 from ferry.errors import ConfigError
 
 
@@ -51,10 +61,74 @@ def test_errors_or_impossible_slos_choose_nothing() -> None:
     assert impossible.best is None and len(impossible.trials) == len(GRID)
 
 
-def test_model_config_yaml_for_the_choice() -> None:
-    text = model_config_yaml(Trial(ServerConfig(8, 10, 2), 16, 123.4, 45.6), 100)
-    assert "batchSize: 8\nmaxBatchDelay: 10\n" in text and "minWorkers: 2" in text
-    assert text.startswith("# Chosen by ferry bench tune: 123.4 requests/s")
+ARCHIVE_CONFIG = {
+    "minWorkers": 1,
+    "batchSize": 1,
+    "responseTimeout": 30,
+    "image_classifier": {"resize": 36, "mean": [0.5], "topk": 5},
+    "optimization": {"channels_last": True},
+}
+
+
+def test_the_tuned_config_keeps_every_key_of_the_archive() -> None:
+    trial = Trial(ServerConfig(8, 10, 2), 16, 123.4, 45.6)
+    text = model_config_yaml(trial, 100, ARCHIVE_CONFIG)
+    assert text.startswith("# Tuned by ferry bench tune: 123.4 requests/s")
+    document = yaml.safe_load(text)
+    assert document == {
+        **ARCHIVE_CONFIG,
+        "minWorkers": 2,
+        "maxWorkers": 2,
+        "batchSize": 8,
+        "maxBatchDelay": 10,
+    }
+    assert ARCHIVE_CONFIG["batchSize"] == 1  # the archive's own document is not changed
+    bf16 = tuned_config(ARCHIVE_CONFIG, ServerConfig(4, 5, 1, "bf16"))
+    assert bf16["optimization"] == {"channels_last": True, "precision": "bf16"}
+
+
+def test_config_changes_say_what_tune_changed() -> None:
+    tuned = tuned_config(ARCHIVE_CONFIG, ServerConfig(8, 10, 1, "bf16"))
+    assert config_changes(ARCHIVE_CONFIG, tuned) == [
+        "minWorkers: 1 (unchanged)",
+        "maxWorkers: 1 (new)",
+        "batchSize: 1 -> 8",
+        "maxBatchDelay: 10 (new)",
+        "optimization.precision: bf16 (new)",
+    ]
+
+
+def test_points_that_cannot_differ_are_not_measured() -> None:
+    grid = configurations([1, 4], [5, 20], [1], ["fp32", "bf16"])
+    assert [(c.batch_size, c.max_batch_delay, c.precision) for c in grid] == [
+        (1, 5, "fp32"),
+        (1, 5, "bf16"),
+        (4, 5, "fp32"),
+        (4, 5, "bf16"),
+        (4, 20, "fp32"),
+        (4, 20, "bf16"),
+    ]
+
+
+def test_enough_requests_for_the_percentile_and_every_client() -> None:
+    assert requests_for_percentile(99, 1) == 1000  # ten answers beyond p99
+    assert requests_for_percentile(90, 1) == 100
+    assert requests_for_percentile(99, 512) == 5120  # ten per client
+
+
+def test_a_configuration_that_failed_is_reported_and_the_search_goes_on() -> None:
+    broken = ServerConfig(4, 5, 1)
+
+    def evaluate(config: ServerConfig, concurrency: int) -> Trial:
+        if config == broken:
+            return Trial(config, concurrency, 0.0, math.inf, 1.0, "server exited with 1")
+        return fake_server(config, concurrency)
+
+    grid = [ServerConfig(1, 5, 1), broken, ServerConfig(16, 5, 1)]
+    result = search(evaluate, grid, [1, 2, 4], slo_ms=60)
+    assert result.best is not None and result.best.config == ServerConfig(16, 5, 1)
+    failed = [t for t in result.trials if t.failure]
+    assert len(failed) == 1 and failed[0].config == broken  # one try, then the next config
 
 
 def test_sweep_spec_reading_and_validation(tmp_path: Path) -> None:
@@ -71,6 +145,8 @@ def test_sweep_spec_reading_and_validation(tmp_path: Path) -> None:
         ("model: m\ninput: a\nbatch_size: [0]\n", "batch_size"),
         ("model: m\ninput: a\nrequests: 1\nduration: 1\n", "not both"),
         ("model: m\ninput: a\nserver: triton\n", "server"),
+        ("model: m\ninput: a\nbatch_sizes: [1, 8]\n", "unknown key 'batch_sizes'.*'batch_size'"),
+        ("model: m\ninput: a\nthreads: 2\n", "unknown key 'threads'; a spec's keys are model"),
     ):
         spec_file.write_text(bad)
         with pytest.raises(ConfigError, match=message):
@@ -128,5 +204,23 @@ def test_precision_axis(tmp_path: Path) -> None:
     with zipfile.ZipFile(DEMO_STORE / "shapes.mar") as zf:
         original = json.loads(zf.read("MAR-INF/MANIFEST.json"))
     assert json.loads((variant / "MAR-INF" / "MANIFEST.json").read_text()) == original
-    text = model_config_yaml(Trial(ServerConfig(4, 5, 1, "bf16"), 8, 10.0, 9.0), 50)
+    text = model_config_yaml(Trial(ServerConfig(4, 5, 1, "bf16"), 8, 10.0, 9.0), 50, {})
     assert text.endswith("optimization:\n  precision: bf16\n")
+
+
+def test_child_servers_get_no_ferry_or_torchserve_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ferry.bench.servers import log_reason, server_environment
+
+    monkeypatch.setenv("FERRY_BATCH_SIZE", "64")
+    monkeypatch.setenv("TS_CONFIG_FILE", "/elsewhere")
+    monkeypatch.setenv("TORCHSERVE_BIN_DIR", "/opt/ts/bin")
+    environment = server_environment()
+    assert "FERRY_BATCH_SIZE" not in environment and "TS_CONFIG_FILE" not in environment
+    assert environment["TORCHSERVE_BIN_DIR"] == "/opt/ts/bin" and "PATH" in environment
+    log = tmp_path / "server.log"
+    log.write_text("starting\nConfigError: bad key x\nshutting down\n\n")
+    assert log_reason(log) == "ConfigError: bad key x"
+    log.write_text("one\ntwo\n")
+    assert log_reason(log) == "one | two"
