@@ -14,11 +14,11 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.bench.arrivals import poisson_offsets
+from ferry.bench.arrivals import bursty_offsets, poisson_offsets, step_offsets
 from ferry.bench.stats import percentile
 from ferry.bench.targets import NoAnswer, Target, TargetSpec, open_target
 
@@ -26,6 +26,15 @@ MAX_IN_FLIGHT = 10_000
 """Open loop: beyond this many unanswered requests, arrivals are counted as dropped."""
 MAX_CONNECTIONS = 1000
 """Open loop over HTTP: connections kept open at most (arrivals beyond wait for one)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    sent_s: float
+    """Seconds from the start of the run."""
+    latency_ms: float
+    ok: bool
 
 
 @dataclass
@@ -42,6 +51,10 @@ class LoadResult:
     """(request index, status, body), kept only when asked for."""
     transport_errors: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
+    samples: list[Sample] = field(default_factory=list)
+    """Every answered request: when it was sent, how long it took, whether it succeeded."""
+    arrivals_s: list[float] = field(default_factory=list)
+    """Open loop: every arrival's offset from the start (dropped ones included)."""
 
     @property
     def answered(self) -> int:
@@ -78,6 +91,25 @@ class LoadSpec:
     seed: int = 0
     progress: bool = False
     token: str | None = None
+    bursts: tuple[float, float] | None = None
+    """Open loop: ``rate`` only during ON seconds, then OFF seconds of silence, repeated."""
+    steps: tuple[tuple[float, float], ...] | None = None
+    """Open loop instead of ``rate``: (rate, seconds) steps in turn; the run ends with them."""
+
+    @property
+    def open_loop(self) -> bool:
+        return self.concurrency is None
+
+    def arrivals(self) -> Iterator[float]:
+        """The open loop's arrival offsets (seconds), from ``seed``."""
+        rng = random.Random(self.seed)
+        if self.steps:
+            return step_offsets(self.steps, rng)
+        if self.rate is None:
+            raise ValueError("a closed loop has no arrival schedule")
+        if self.bursts is not None:
+            return bursty_offsets(self.rate, *self.bursts, rng)
+        return poisson_offsets(self.rate, rng)
 
     def target(self) -> TargetSpec:
         connections = self.concurrency or MAX_CONNECTIONS
@@ -121,13 +153,15 @@ async def run_load(
     """Run the load ``spec`` describes, against ``target`` if given (a fake, in tests),
     else the one its URL names; raises ``UnsupportedTarget`` for a URL or payloads no
     target speaks."""
-    if (spec.concurrency is None) == (spec.rate is None):
-        raise ValueError("give exactly one of concurrency or rate")
-    if (spec.requests is None) == (spec.duration is None):
+    if [spec.concurrency, spec.rate, spec.steps].count(None) != 2:
+        raise ValueError("give exactly one of concurrency, rate or steps")
+    if spec.steps is None and (spec.requests is None) == (spec.duration is None):
         raise ValueError("give exactly one of requests or duration")
     result = LoadResult(requests=0, seconds=0.0)
     progress = _Progress(spec.progress, spec.requests, spec.duration)
     target = target or open_target(spec.target())
+
+    run_start = time.perf_counter()
 
     async def send(index: int) -> None:
         start = time.perf_counter()
@@ -137,6 +171,7 @@ async def run_load(
             result.transport_errors[exc.kind] += 1
             return
         latency_ms = (time.perf_counter() - start) * 1000
+        result.samples.append(Sample(index, start - run_start, latency_ms, answer.ok))
         (result.latencies_ms if answer.ok else result.error_latencies_ms).append(latency_ms)
         result.statuses[answer.status] += 1
         if answer.code is not None:
@@ -148,13 +183,13 @@ async def run_load(
         progress.update(result.answered, result.failed)
 
     try:
-        start = time.perf_counter()
+        run_start = start = time.perf_counter()
         deadline = start + spec.duration if spec.duration is not None else None
         if spec.concurrency is not None:
             await _closed_loop(send, spec.concurrency, spec.requests, deadline, result)
         else:
-            assert spec.rate is not None
-            await _open_loop(send, spec.rate, spec.requests, deadline, spec.seed, result)
+            requests = None if spec.steps else spec.requests
+            await _open_loop(send, spec.arrivals(), requests, deadline, result)
         result.seconds = time.perf_counter() - start
     finally:
         await target.close()
@@ -189,15 +224,14 @@ async def _closed_loop(
 
 async def _open_loop(
     send: Sender,
-    rate: float,
+    offsets: Iterator[float],
     requests: int | None,
     deadline: float | None,
-    seed: int,
     result: LoadResult,
 ) -> None:
     start = time.perf_counter()
     in_flight: set[asyncio.Task[None]] = set()
-    for index, offset in enumerate(poisson_offsets(rate, random.Random(seed))):
+    for index, offset in enumerate(offsets):
         if requests is not None and index >= requests:
             break
         if deadline is not None and start + offset >= deadline:
@@ -206,6 +240,7 @@ async def _open_loop(
         if delay > 0:
             await asyncio.sleep(delay)  # the arrival schedule itself, not a synchronisation
         result.requests += 1
+        result.arrivals_s.append(offset)
         if len(in_flight) >= MAX_IN_FLIGHT:
             result.dropped += 1
             continue

@@ -6,9 +6,12 @@ describe successful answers only; everything else is counted as an error by kind
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ferry.bench.load import LoadResult, LoadSpec
+from ferry.bench.arrivals import step_of
+from ferry.bench.load import LoadResult, LoadSpec, Sample
+from ferry.bench.stats import percentile
 
 
 def _ms(value: float) -> float:
@@ -25,9 +28,10 @@ def load_summary(spec: LoadSpec, result: LoadResult) -> dict[str, Any]:
         key: _ms(result.latency_ms(q)) if succeeded else None
         for key, q in (("p50_ms", 50), ("p90_ms", 90), ("p99_ms", 99))
     }
-    return {
+    summary: dict[str, Any] = {
         "url": spec.url,
         "mode": "closed" if spec.concurrency is not None else "open",
+        "traffic": traffic(spec),
         "concurrency": spec.concurrency,
         "rate": spec.rate,
         "requests_sent": result.requests,
@@ -44,6 +48,45 @@ def load_summary(spec: LoadSpec, result: LoadResult) -> dict[str, Any]:
         "errors": errors,
         "error_rate": round(result.error_rate, 5),
     }
+    if spec.steps:
+        summary["steps"] = step_figures(spec.steps, result.samples, result.arrivals_s)
+    return summary
+
+
+def traffic(spec: LoadSpec) -> str:
+    """The load's shape in words: ``closed loop, 16 clients``, ``Poisson 200/s``..."""
+    if spec.concurrency is not None:
+        return f"closed loop, {spec.concurrency} clients"
+    if spec.steps:
+        return "Poisson in steps: " + ", ".join(f"{r:g}/s for {s:g} s" for r, s in spec.steps)
+    if spec.bursts:
+        on, off = spec.bursts
+        return f"Poisson {spec.rate:g}/s in bursts: {on:g} s on, {off:g} s off"
+    return f"Poisson {spec.rate:g}/s"
+
+
+def window_figures(samples: list[Sample], sent: int, seconds: float) -> dict[str, Any]:
+    """Goodput and success percentiles of the requests in one window of ``seconds``."""
+    good = [s.latency_ms for s in samples if s.ok]
+    return {
+        "sent": sent,
+        "succeeded": len(good),
+        "goodput": round(len(good) / seconds, 2) if seconds > 0 else 0.0,
+        "p50_ms": _ms(percentile(good, 50)) if good else None,
+        "p99_ms": _ms(percentile(good, 99)) if good else None,
+    }
+
+
+def step_figures(
+    steps: tuple[tuple[float, float], ...], samples: list[Sample], arrivals_s: list[float]
+) -> list[dict[str, Any]]:
+    """Each step's figures, requests counted in the step they were sent in."""
+    figures = []
+    for index, (rate, seconds) in enumerate(steps):
+        mine = [s for s in samples if step_of(s.sent_s, steps) == index]
+        sent = sum(1 for offset in arrivals_s if step_of(offset, steps) == index)
+        figures.append({"rate": rate, "seconds": seconds, **window_figures(mine, sent, seconds)})
+    return figures
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -56,6 +99,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         latency = "none: no request succeeded"
     rows = [
+        ("traffic", summary["traffic"]),
         ("goodput", f"{summary['goodput']} req/s (successful answers only)"),
         ("latency p50 / p90 / p99 / max", latency),
         ("succeeded", f"{succeeded} of {sent} sent ({summary['responses']} answered)"),
@@ -76,8 +120,96 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     elif isinstance(server, str):
         rows.append(("server figures", server))
+    for step in summary.get("steps", []):
+        rows.append(
+            (
+                f"step {step['rate']:g}/s, {step['seconds']:g} s",
+                f"goodput {step['goodput']} req/s, p50 / p99 {step['p50_ms']} / "
+                f"{step['p99_ms']} ms, {step['succeeded']} of {step['sent']} succeeded",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def rate_table(summaries: list[dict[str, Any]]) -> str:
+    """A rate sweep as Markdown: offered rate, goodput, percentiles and errors per rate."""
+    lines = [
+        "| offered (req/s) | goodput (req/s) | p50 ms | p90 ms | p99 ms | error rate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for item in summaries:
+        lines.append(
+            f"| {item['rate']:g} | {item['goodput']} | {item['p50_ms']} | {item['p90_ms']} | "
+            f"{item['p99_ms']} | {item['error_rate']:.2%} |"
+        )
+    return "\n".join(lines)
+
+
+def _tick(value: float, _: Any) -> str:
+    """Plain numbers on a log axis: 10, 100 rather than 10^1, 10^2."""
+    return f"{value:g}"
+
+
+def _minor_tick(value: float, _: Any) -> str:
+    """Only the 2s and 5s between decades, so labels never crowd."""
+    leading = f"{value:e}"[0]
+    return f"{value:g}" if leading in "25" else ""
+
+
+def plot_latency_against_load(
+    series: dict[str, list[tuple[float, float | None, float | None]]],
+    path: Path,
+    title: str,
+    notes: str,
+    marks: dict[str, float] | None = None,
+    floor_ms: float | None = None,
+    slo_ms: float | None = None,
+) -> None:
+    """p50 (solid) and p99 (dashed) against offered load for each series (``name: [(rate,
+    p50, p99)]``); ``marks`` are vertical lines (capacities), ``floor_ms`` a horizontal one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5.5))
+    colours = matplotlib.colormaps["tab10"]
+    for index, (name, points) in enumerate(series.items()):
+        rates = [rate for rate, _, _ in points]
+        for position, (label, style, marker) in enumerate((("p50", "-", "o"), ("p99", "--", "s"))):
+            values = [p[1 + position] for p in points]
+            xs = [r for r, v in zip(rates, values, strict=True) if v is not None]
+            ys = [v for v in values if v is not None]
+            axes.plot(
+                xs,
+                ys,
+                linestyle=style,
+                marker=marker,
+                color=colours(index),
+                label=f"{name} {label}",
+            )
+    for position, (label, value) in enumerate((marks or {}).items()):
+        axes.axvline(value, color="gray", linestyle=(0, (1, 1 + position)), label=label)
+    if slo_ms is not None:
+        axes.axhline(slo_ms, color="red", linestyle="--", label=f"p99 SLO {slo_ms:g} ms")
+    if floor_ms is not None:
+        axes.axhline(
+            floor_ms, color="black", linestyle=":", label=f"latency floor L0 {floor_ms:.1f} ms"
+        )
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
+    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_tick))
+    axes.tick_params(axis="y", which="minor", labelsize=7)
+    axes.set_xlabel("offered load (requests/s, Poisson)")
+    axes.set_ylabel("latency of successful answers (ms, log scale)")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left")
+    figure.text(0.01, 0.01, notes, fontsize=7, color="dimgray")
+    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def _errors(summary: dict[str, Any]) -> str:

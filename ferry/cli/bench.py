@@ -77,9 +77,17 @@ def add_parser(commands: Any) -> None:
     load.add_argument("url", help="e.g. http://127.0.0.1:8080/predictions/resnet18")
     load.add_argument("--input", required=True, help="comma-separated files sent in turn")
     mode = load.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--concurrency", type=int)
-    mode.add_argument("--rate", type=float, help="requests per second (open loop)")
-    stop = load.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--concurrency", type=int, help="closed loop: clients")
+    mode.add_argument(
+        "--rate",
+        help="open loop: Poisson arrivals per second; several (e.g. 50,100,200) sweep the "
+        "rates in turn, each for --requests or --duration, and plot latency against load",
+    )
+    mode.add_argument("--steps", help="open loop in steps of RATE:SECONDS, e.g. 50:10,200:10,50:10")
+    load.add_argument(
+        "--bursts", help="with --rate: ON,OFF seconds of traffic and silence, e.g. 1,2"
+    )
+    stop = load.add_mutually_exclusive_group()
     stop.add_argument("--requests", type=int)
     stop.add_argument("--duration", type=float, help="seconds")
     load.add_argument("--content-type", default="application/octet-stream")
@@ -122,6 +130,36 @@ def add_parser(commands: Any) -> None:
     sweep.add_argument("spec", type=Path)
     sweep.add_argument("--out", type=Path, default=Path("sweep-results"))
     sweep.set_defaults(run=needing_bench_extra(run_sweep_command, *BENCH_EXTRA_MODULES))
+
+    limit = tools.add_parser(
+        "limit",
+        help="how far a server is from the model's limit: bounds, and an ideal dispatcher",
+        description="Profiles the model's batch costs, measures the round trip on a no-op "
+        "model, then loads a server (Ferry, started here, or --url) at fractions of the "
+        "throughput ceiling and compares its p50/p99 with an ideal dispatcher fed the same "
+        "arrivals. Writes limit.md, limit.json and limit.png.",
+    )
+    limit.add_argument("model", type=Path, help="a .mar, .tar.gz or model folder")
+    limit.add_argument("--input", required=True, help="comma-separated request bodies")
+    limit.add_argument("--slo-p99", required=True, help="e.g. 100ms or 0.1s")
+    limit.add_argument("--content-type", default="application/octet-stream")
+    limit.add_argument("--batch-size", type=int, help="default: the archive's batchSize")
+    limit.add_argument("--max-batch-delay", type=int, help="ms; default: the archive's")
+    limit.add_argument("--workers", type=int, help="default: the archive's minWorkers")
+    limit.add_argument(
+        "--fractions",
+        default="0.1,0.3,0.5,0.7,0.8,0.9,0.95",
+        help="offered loads, as fractions of the ceiling X*",
+    )
+    limit.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    limit.add_argument("--profile-seconds", type=float, default=2.0, help="timing per batch size")
+    limit.add_argument("--seed", type=int, default=0, help="arrival seed")
+    limit.add_argument(
+        "--url", help="a running server's prediction URL (any TorchServe-API server)"
+    )
+    limit.add_argument("--noop-url", help="with --url: a no-op model's URL for the round trip")
+    limit.add_argument("--out", type=Path, default=Path("limit-results"))
+    limit.set_defaults(run=needing_bench_extra(run_limit_command, *BENCH_EXTRA_MODULES))
 
     tune = tools.add_parser(
         "tune", help="highest throughput whose p99 meets an SLO; writes model-config.yaml"
@@ -198,60 +236,114 @@ async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
     return summary
 
 
-def run_load_command(args: argparse.Namespace) -> int:
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"{what} must be positive numbers, got {text!r}")
+    return values
+
+
+def _load_specs(args: argparse.Namespace, payloads: list[bytes]) -> list[LoadSpec]:
+    """One spec per offered rate (one for a closed loop or steps); ``ValueError`` says
+    what is wrong with the arguments."""
     from ferry.bench.load import LoadSpec
-    from ferry.bench.load_report import format_summary
+
+    for name in ("concurrency", "requests", "duration"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name} must be positive")
+    if args.steps is None and args.requests is None and args.duration is None:
+        raise ValueError("give --requests or --duration (--steps set their own duration)")
+    if not 0 <= args.max_error_rate <= 1:
+        raise ValueError("--max-error-rate must be between 0 and 1")
+    if args.bursts is not None and args.rate is None:
+        raise ValueError("--bursts shape --rate traffic: give --rate too")
+    steps = None
+    if args.steps is not None:
+        try:
+            pairs = [part.split(":") for part in args.steps.split(",") if part.strip()]
+            steps = tuple((float(rate), float(seconds)) for rate, seconds in pairs)
+        except ValueError:
+            raise ValueError(f"--steps must be RATE:SECONDS,..., got {args.steps!r}") from None
+        if not steps or min(min(step) for step in steps) <= 0:
+            raise ValueError("--steps need positive rates and durations")
+    bursts = None
+    if args.bursts is not None:
+        on_off = _floats(args.bursts, "--bursts")
+        if len(on_off) != 2:
+            raise ValueError("--bursts takes ON,OFF seconds")
+        bursts = (on_off[0], on_off[1])
+    rates: list[float | None] = list(_floats(args.rate, "--rate")) if args.rate else [None]
+    return [
+        LoadSpec(
+            args.url,
+            payloads,
+            concurrency=args.concurrency,
+            rate=rate,
+            requests=args.requests,
+            duration=args.duration,
+            content_type=args.content_type,
+            seed=args.seed,
+            progress=True,
+            token=args.token,
+            bursts=bursts,
+            steps=steps,
+        )
+        for rate in rates
+    ]
+
+
+def run_load_command(args: argparse.Namespace) -> int:
+    from ferry.bench.load_report import format_summary, plot_latency_against_load, rate_table
     from ferry.bench.targets import Unreachable, UnsupportedTarget
 
-    for name, value in (
-        ("concurrency", args.concurrency),
-        ("rate", args.rate),
-        ("requests", args.requests),
-        ("duration", args.duration),
-    ):
-        if value is not None and value <= 0:
-            print(f"ferry bench load: --{name} must be positive", file=sys.stderr)
-            return 2
-    if not 0 <= args.max_error_rate <= 1:
-        print("ferry bench load: --max-error-rate must be between 0 and 1", file=sys.stderr)
-        return 2
     try:
         payloads = [Path(p).read_bytes() for p in args.input.split(",") if p]
     except OSError as exc:
         print(f"ferry bench load: --input: {exc}", file=sys.stderr)
         return 2
-    spec = LoadSpec(
-        args.url,
-        payloads,
-        concurrency=args.concurrency,
-        rate=args.rate,
-        requests=args.requests,
-        duration=args.duration,
-        content_type=args.content_type,
-        seed=args.seed,
-        progress=True,
-        token=args.token,
-    )
     try:
-        summary = asyncio.run(_measure(spec, args.metrics_url or _default_metrics_url(args.url)))
-    except (UnsupportedTarget, Unreachable) as exc:
+        specs = _load_specs(args, payloads)
+    except ValueError as exc:
         print(f"ferry bench load: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, UnsupportedTarget) else 1
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "grpc":
-            raise
-        print(
-            "ferry bench load: gRPC targets need the 'grpc' extra: pip install 'ferry-serve[grpc]'",
-            file=sys.stderr,
-        )
         return 2
-    print(format_summary(summary))
+    metrics_url = args.metrics_url or _default_metrics_url(args.url)
+    summaries = []
+    for spec in specs:
+        try:
+            summary = asyncio.run(_measure(spec, metrics_url))
+        except (UnsupportedTarget, Unreachable) as exc:
+            print(f"ferry bench load: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, UnsupportedTarget) else 1
+        if len(specs) > 1:
+            print(f"\n## offered {spec.rate:g} requests/s")
+        print(format_summary(summary))
+        summaries.append(summary)
+    if len(specs) > 1:
+        print("\n" + rate_table(summaries))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "load.json").write_text(json.dumps(summary, indent=2))
-    if summary["error_rate"] > args.max_error_rate:
+        document: Any = summaries[0] if len(summaries) == 1 else {"rates": summaries}
+        (args.out / "load.json").write_text(json.dumps(document, indent=2))
+        if len(specs) > 1:
+            from ferry.bench.sweep_report import conditions
+
+            points = [(s["rate"], s["p50_ms"], s["p99_ms"]) for s in summaries]
+            plot_latency_against_load(
+                {"measured": points},
+                args.out / "load.png",
+                f"ferry bench load: {args.url}",
+                f"{summaries[0]['traffic'].split(' ')[0]} arrivals, seed {args.seed}; "
+                + conditions(),
+            )
+            print(f"wrote {args.out / 'load.png'}")
+    worst = max(s["error_rate"] for s in summaries)
+    if worst > args.max_error_rate:
         print(
-            f"ferry bench load: {summary['error_rate']:.2%} of requests failed, more than "
+            f"ferry bench load: {worst:.2%} of requests failed, more than "
             f"--max-error-rate {args.max_error_rate:.2%}",
             file=sys.stderr,
         )
@@ -515,4 +607,56 @@ def run_tune_command(args: argparse.Namespace) -> int:
             )
             archive = zip_folder(folder, out / f"{name}.mar")
         print(f"wrote {archive}: the model with that configuration, ready to serve")
+    return 0
+
+
+def run_limit_command(args: argparse.Namespace) -> int:
+    from ferry.bench.limit_report import write_limit_report
+    from ferry.bench.limit_run import LimitSpec, default_settings, echo, measure_limit
+    from ferry.bench.servers import ServerFailed
+
+    try:
+        slo_ms = _duration_ms(args.slo_p99)
+        inputs = [Path(p).resolve() for p in args.input.split(",") if p]
+        if slo_ms <= 0 or not inputs or not all(p.is_file() for p in inputs):
+            raise ValueError("the SLO must be positive and every input a file")
+        fractions = _floats(args.fractions, "--fractions")
+        if max(fractions) >= 1.5:
+            raise ValueError("--fractions are shares of the ceiling, e.g. 0.1,0.5,0.9")
+        model = args.model.resolve()
+        batch, delay, workers = default_settings(model)
+        for name, value in (
+            ("batch-size", args.batch_size),
+            ("workers", args.workers),
+            ("duration", args.duration),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name} must be positive")
+    except (ValueError, OSError) as exc:
+        print(f"ferry bench limit: {exc}", file=sys.stderr)
+        return 2
+    spec = LimitSpec(
+        model=model,
+        inputs=inputs,
+        slo_ms=slo_ms,
+        batch_size=args.batch_size or batch,
+        max_batch_delay=args.max_batch_delay if args.max_batch_delay is not None else delay,
+        workers=args.workers or workers,
+        fractions=sorted(fractions),
+        seconds=args.duration,
+        profile_seconds=args.profile_seconds,
+        seed=args.seed,
+        content_type=args.content_type,
+        url=args.url,
+        noop_url=args.noop_url,
+    )
+    out = args.out.resolve()
+    try:
+        report = measure_limit(spec, out / "servers", echo)
+    except (ServerFailed, RuntimeError) as exc:
+        print(f"ferry bench limit: {exc}", file=sys.stderr)
+        return 1
+    for path in write_limit_report(report, out, model.name):
+        print(path)
+    print((out / "limit.md").read_text().split("## Per offered load")[0].split("## Ratios")[1])
     return 0

@@ -1,0 +1,161 @@
+"""A limit report as Markdown, JSON and a plot of latency against offered load."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferry.bench.limit_run import LimitReport
+from ferry.bench.load_report import plot_latency_against_load
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratios(report: LimitReport) -> dict[str, float | None]:
+    limits = report.bounds
+    return {
+        "low_load_p50_minus_floor_ms": report.low_load_gap_ms,
+        "peak_goodput_over_ceiling": report.peak_goodput / limits.ceiling_sequential,
+        "peak_goodput_over_pipelined_ceiling": report.peak_goodput / limits.ceiling_pipelined,
+        "goodput_within_slo_over_slo_capacity": (
+            report.goodput_within_slo / limits.slo_capacity if limits.slo_capacity else None
+        ),
+    }
+
+
+def machine() -> str:
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores shared by server and load generator; "
+        f"profiled with {torch.get_num_threads()} torch threads; "
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+    )
+
+
+def markdown(report: LimitReport, title: str) -> str:
+    spec, limits = report.spec, report.bounds
+    found = ratios(report)
+    lines = [
+        f"# Limit report: {title}",
+        "",
+        f"Machine: {machine()}.",
+        f"Server: {spec.url or 'Ferry, started by ferry bench limit'}; batch size "
+        f"{spec.batch_size}, max batch delay {spec.max_batch_delay} ms, {spec.workers} "
+        f"worker(s). p99 SLO {spec.slo_ms:g} ms. Poisson arrivals, seed {spec.seed}, "
+        f"{spec.seconds:g} s per rate.",
+        "",
+        "## The model's costs (offline profile, median ms per batch)",
+        "",
+        "| batch | " + " | ".join(next(iter(report.costs.values()))) + " | total | items/s |",
+        "|---|" + "---|" * (len(next(iter(report.costs.values()))) + 2),
+    ]
+    for batch, stages in sorted(report.costs.items()):
+        total = sum(stages.values())
+        cells = " | ".join(f"{v:.2f}" for v in stages.values())
+        lines.append(f"| {batch} | {cells} | {total:.2f} | {batch * 1000 / total:.1f} |")
+    lines += [
+        "",
+        "## Bounds",
+        "",
+        f"- round trip r: {report.round_trip_ms:.2f} ms ({report.round_trip_source})",
+        f"- latency floor L0 = cost(1) + r: **{limits.floor_ms:.2f} ms**",
+        f"- throughput ceiling X*: **{limits.ceiling_sequential:.1f} req/s** (batch "
+        f"{limits.best_batch}, stages in sequence); {limits.ceiling_pipelined:.1f} req/s if "
+        "stages overlapped perfectly",
+        "- SLO-bounded capacity X_SLO (best b/cost(b) with 2 x cost(b) <= SLO): "
+        + (
+            f"**{limits.slo_capacity:.1f} req/s** (batch {limits.slo_batch})"
+            if limits.slo_capacity
+            else "none: even a batch of one costs more than half the SLO"
+        ),
+        "",
+        "## Ratios",
+        "",
+        f"- low-load p50 - L0: **{_ms(found['low_load_p50_minus_floor_ms'])} ms**",
+        f"- peak goodput / X*: **{found['peak_goodput_over_ceiling']:.2f}** "
+        f"({report.peak_goodput:.1f} req/s at {report.peak_concurrency} clients; "
+        f"{found['peak_goodput_over_pipelined_ceiling']:.2f} of the pipelined ceiling)",
+        "- goodput within the SLO / X_SLO: **"
+        + (
+            f"{found['goodput_within_slo_over_slo_capacity']:.2f}"
+            if found["goodput_within_slo_over_slo_capacity"] is not None
+            else "-"
+        )
+        + f"** ({report.goodput_within_slo:.1f} req/s: the best goodput at a rate whose p99 "
+        "met the SLO)",
+        "",
+        "## Per offered load: the server beside an ideal dispatcher fed the same arrivals",
+        "",
+        "The ideal dispatcher has no overhead but r, never idles while requests wait, never "
+        "waits to fill a batch, and pays the profiled cost(b) (a size not profiled pays the "
+        "next size up).",
+        "",
+        "| offered req/s | goodput req/s | p50 ms | ideal p50 ms | p99 ms | ideal p99 ms | "
+        "p99 / ideal | ideal mean batch | error rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point in report.points:
+        over = (
+            f"{point.p99_ms / point.ideal_p99_ms:.2f}"
+            if point.p99_ms is not None and point.ideal_p99_ms > 0
+            else "-"
+        )
+        lines.append(
+            f"| {point.offered:.1f} | {point.goodput:.1f} | {_ms(point.p50_ms)} | "
+            f"{point.ideal_p50_ms:.1f} | {_ms(point.p99_ms)} | {point.ideal_p99_ms:.1f} | "
+            f"{over} | {point.ideal_mean_batch:.2f} | {point.error_rate:.2%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def document(report: LimitReport) -> dict[str, Any]:
+    return {
+        "spec": {
+            key: str(value) if isinstance(value, Path) else value
+            for key, value in dataclasses.asdict(report.spec).items()
+            if key != "inputs"
+        }
+        | {"inputs": [str(p) for p in report.spec.inputs]},
+        "costs_ms": {str(b): stages for b, stages in report.costs.items()},
+        "round_trip_ms": report.round_trip_ms,
+        "bounds": dataclasses.asdict(report.bounds),
+        "peak_goodput": report.peak_goodput,
+        "ratios": ratios(report),
+        "points": [dataclasses.asdict(p) for p in report.points],
+    }
+
+
+def write_limit_report(report: LimitReport, out: Path, title: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, js, png = out / "limit.md", out / "limit.json", out / "limit.png"
+    md.write_text(markdown(report, title))
+    js.write_text(json.dumps(document(report), indent=2))
+    limits = report.bounds
+    ceiling, capacity = limits.ceiling_sequential, limits.slo_capacity
+    if capacity == ceiling:
+        marks = {f"X* = X_SLO {ceiling:.0f} req/s": ceiling}
+    else:
+        marks = {f"X* {ceiling:.0f} req/s": ceiling}
+        if capacity is not None:
+            marks[f"X_SLO {capacity:.0f} req/s"] = capacity
+    plot_latency_against_load(
+        {
+            "server": [(p.offered, p.p50_ms, p.p99_ms) for p in report.points],
+            "ideal": [(p.offered, p.ideal_p50_ms, p.ideal_p99_ms) for p in report.points],
+        },
+        png,
+        f"ferry bench limit: {title} (batch {report.spec.batch_size}, "
+        f"{report.spec.workers} worker(s), SLO p99 {report.spec.slo_ms:g} ms)",
+        machine(),
+        marks=marks,
+        floor_ms=limits.floor_ms,
+        slo_ms=report.spec.slo_ms,
+    )
+    return [md, js, png]
