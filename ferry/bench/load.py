@@ -32,7 +32,7 @@ MAX_CONNECTIONS = 1000
 class Sample:
     index: int
     sent_s: float
-    """Seconds from the start of the run."""
+    """Seconds from the start of the run (open loop: when it was scheduled)."""
     latency_ms: float
     ok: bool
 
@@ -171,7 +171,10 @@ async def run_load(
             result.transport_errors[exc.kind] += 1
             return
         latency_ms = (time.perf_counter() - start) * 1000
-        result.samples.append(Sample(index, start - run_start, latency_ms, answer.ok))
+        # Open loop: the arrival's scheduled time, so a late start never moves it to a
+        # later window of the report.
+        sent_s = result.arrivals_s[index] if spec.open_loop else start - run_start
+        result.samples.append(Sample(index, sent_s, latency_ms, answer.ok))
         (result.latencies_ms if answer.ok else result.error_latencies_ms).append(latency_ms)
         result.statuses[answer.status] += 1
         if answer.code is not None:

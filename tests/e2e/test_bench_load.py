@@ -179,3 +179,32 @@ def test_grpc_targets_torchserve_predictions_and_open_inference(tmp_path: Path) 
         unknown = _load(f"{server.grpc_url}/v2/models/absent/infer", [document], tmp_path / "x")
         assert unknown[0] == 1
         assert unknown[2]["grpc_codes"] == {"NOT_FOUND": 40} and unknown[2]["errors"] == {"404": 40}
+
+
+def test_a_rate_sweep_reports_and_plots_each_rate(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    digest_archive(store, "echo", batchSize=4, maxBatchDelay=2)
+    payload = tmp_path / "p.bin"
+    payload.write_bytes(b"x")
+    with ferry_server(store, ["echo.mar"], tmp_path) as server:
+        run = run_ferry(
+            "bench",
+            "load",
+            f"{server.url}/predictions/echo",
+            "--input",
+            str(payload),
+            "--rate",
+            "40,80",
+            "--duration",
+            "0.5",
+            "--out",
+            str(tmp_path / "out"),
+            timeout=120,
+        )
+    assert run.returncode == 0, run.stderr
+    figures = json.loads((tmp_path / "out" / "load.json").read_text())
+    assert [item["rate"] for item in figures["rates"]] == [40.0, 80.0]
+    assert all(item["traffic"].startswith("Poisson") for item in figures["rates"])
+    assert "| offered (req/s) | goodput (req/s) |" in run.stdout
+    assert (tmp_path / "out" / "load.png").read_bytes()[:4] == b"\x89PNG"
