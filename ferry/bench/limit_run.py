@@ -123,7 +123,11 @@ def profile_costs(spec: LimitSpec, say: Say) -> dict[int, dict[str, float]]:
     """Each batch size's median cost by stage: ``inference`` (the model's forward pass)
     and ``pre/post`` (the rest of the handler), or ``handler`` when its model is hidden."""
     from ferry.bench.profile import load_handler, profile_batch
+    from ferry.config.settings import available_cores, threads_per_worker
+    from ferry.worker.torch_setup import configure_torch
 
+    # The threads each of the server's workers gets: the costs are a worker's costs.
+    configure_torch(threads_per_worker(available_cores(), spec.workers))
     payloads = [path.read_bytes() for path in spec.inputs]
     costs: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as work:
