@@ -8,6 +8,7 @@ introduces them with the machine and the commands. Run: ``python benchmarks/limi
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ def limit(model: Path, inputs: list[Path], slo: str, out: Path, *extra: str) -> 
         *extra,
     ]
     subprocess.run(argv, check=True)
+    shutil.rmtree(out / "servers")  # the servers' logs and configs: not results
     return argv
 
 
