@@ -95,6 +95,8 @@ class FerryService:
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._background: set[asyncio.Task[None]] = set()
+        self._opening_startup_models = False
+        """Start-up archives are being opened, not yet registered: not Healthy yet."""
         self._work_dir = open_work_dir()  # also removes those of servers that were killed
         visible = _visible_gpus()
         limit = settings.number_of_gpu
@@ -212,6 +214,8 @@ class FerryService:
         """TorchServe's ``/ping`` rule over the models loaded at start-up: Healthy when each
         has its minimum workers running, Partial Healthy when some run, Unhealthy when none
         do. Models registered later do not change it; their readiness is per model."""
+        if self._opening_startup_models:  # listeners serve before models are registered
+            return Health("Unhealthy")
         expected = running = 0
         for entry in self.registry.all_versions():
             if entry.loaded_at_startup:
@@ -333,13 +337,17 @@ class FerryService:
         if store is None:
             raise ConfigError("--models needs --model-store")
         # Unpacking runs in a thread: the event loop keeps answering while archives open.
-        opened = [
-            await asyncio.to_thread(self._open_startup_model, store, name, relative)
-            for name, relative in self._startup_entries(store, entries)
-        ]
-        installed = [await self._startup_packages(a) for a in opened if a is not None]
-        archives = [archive for archive in installed if archive is not None]
-        started = [self._start(archive, at_startup=True) for archive in archives]
+        self._opening_startup_models = True
+        try:
+            opened = [
+                await asyncio.to_thread(self._open_startup_model, store, name, relative)
+                for name, relative in self._startup_entries(store, entries)
+            ]
+            installed = [await self._startup_packages(a) for a in opened if a is not None]
+            archives = [archive for archive in installed if archive is not None]
+            started = [self._start(archive, at_startup=True) for archive in archives]
+        finally:
+            self._opening_startup_models = False
         for archive in archives:
             versions = self.settings.model_overrides.get(archive.name, {})
             if versions.get(archive.version, {}).get("defaultVersion") is True:

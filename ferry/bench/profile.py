@@ -4,7 +4,8 @@ batch size, for the whole handler and for the model alone."""
 from __future__ import annotations
 
 import contextlib
-import resource
+import gc
+import os
 import statistics
 import sys
 import time
@@ -18,12 +19,19 @@ import torch
 from ferry.bench.stats import percentile
 from ferry.handlers.context import Context
 from ferry.handlers.optimize import Optimizations
+from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
 from ferry.worker import loading
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_GAIN = 1.03
 """Automatic batch sizes stop once time per item improved by less than this, twice."""
+NOISY_SPREAD = 0.5
+"""A point whose p10-p90 range exceeds half its median is flagged as too noisy to trust."""
+
+
+class InputRejected(ValueError):
+    """The handler could not process an ``--input``: the message names it."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,13 @@ class ProfilePoint:
     latency_ms_p90: float
     ms_per_item: float
     items_per_second: float
-    peak_memory_mb: float
+    memory_mb: float
+    """Memory batches of this size took beyond what the process held before them: the
+    growth of resident memory (CPU), or ``max_memory_allocated`` above the allocation
+    before them, its peak reset for each size (GPU)."""
+    spread: float
+    """(p90 - p10) / median of the timings: above ``NOISY_SPREAD`` the figure is noise."""
+    runs: int
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,10 +101,27 @@ def active_optimizations(loaded: LoadedHandler) -> dict[str, Any]:
     return active
 
 
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+class _MemoryProbe:
+    """The memory one batch size takes beyond the process's before it (see ``memory_mb``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device)
+        else:
+            self.base = resident_bytes(os.getpid())
+        self.peak = self.base
+
+    def sample(self) -> None:
+        if self.device.type != "cuda":
+            self.peak = max(self.peak, resident_bytes(os.getpid()))
+
+    def megabytes(self) -> float:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        return max(0, self.peak - self.base) / 2**20
 
 
 @contextlib.contextmanager
@@ -103,35 +134,71 @@ def _precision(device: torch.device, precision: str) -> Iterator[None]:
         yield
 
 
-def _time(run: Callable[[], Any], seconds: float, device: torch.device) -> list[float]:
+MIN_RUNS = 5
+"""Timed runs per point at least, however long each takes: a spread needs several."""
+
+
+def _time(
+    run: Callable[[], Any], seconds: float, device: torch.device, memory: _MemoryProbe
+) -> list[float]:
     for _ in range(2):  # warm-up: allocator, lazy initialisation, TorchScript profiling runs
         run()
+        memory.sample()
     timings: list[float] = []
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(timings) < 3:
+    while time.perf_counter() < deadline or len(timings) < MIN_RUNS:
         start = time.perf_counter()
         run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         timings.append((time.perf_counter() - start) * 1000)
+        memory.sample()
     return timings
 
 
 def _point(
-    batch: int, variant: str, precision: str, timings: list[float], device: torch.device
+    batch: int, variant: str, precision: str, timings: list[float], memory: _MemoryProbe
 ) -> ProfilePoint:
     median = statistics.median(timings)
+    p10, p90 = percentile(timings, 10), percentile(timings, 90)
     return ProfilePoint(
         batch_size=batch,
         variant=variant,
         precision=precision,
         latency_ms_median=round(median, 3),
-        latency_ms_p10=round(percentile(timings, 10), 3),
-        latency_ms_p90=round(percentile(timings, 90), 3),
+        latency_ms_p10=round(p10, 3),
+        latency_ms_p90=round(p90, 3),
         ms_per_item=round(median / batch, 4),
         items_per_second=round(batch * 1000 / median, 2),
-        peak_memory_mb=round(_peak_memory_mb(device), 1),
+        memory_mb=round(memory.megabytes(), 1),
+        spread=round((p90 - p10) / median, 3) if median > 0 else 0.0,
+        runs=len(timings),
     )
+
+
+def noisy(points: list[ProfilePoint]) -> list[str]:
+    """A warning for each point whose spread is too wide to trust."""
+    return [
+        f"batch {p.batch_size} {p.variant} {p.precision}: p10-p90 spans {p.spread:.0%} of "
+        "the median; too noisy to trust (a busy machine?): rerun with more --seconds"
+        for p in points
+        if p.spread > NOISY_SPREAD
+    ]
+
+
+def check_inputs(loaded: LoadedHandler, inputs: list[bytes], names: list[str]) -> None:
+    """Run each input alone through the handler once; ``InputRejected`` names the first
+    the handler cannot process (an undecodable image, say), with the handler's words."""
+    for payload, name in zip(inputs, names, strict=True):
+        loaded.context.start_batch(["check"], [{}])
+        try:
+            with torch.inference_mode():
+                answer = loaded.entry([{"body": bytearray(payload)}], loaded.context)
+        except Exception as exc:  # any handler error: the input is what to name
+            raise InputRejected(f"--input {name}: the handler failed on it: {exc}") from exc
+        failed = answer[0] if isinstance(answer, list) and answer else None
+        if isinstance(failed, BaseException):
+            raise InputRejected(f"--input {name}: the handler rejected it: {failed}")
 
 
 def profile_batch(
@@ -146,8 +213,9 @@ def profile_batch(
         with _precision(loaded.device, precision), torch.inference_mode():
             return loaded.entry(rows, context)
 
+    memory = _MemoryProbe(loaded.device)
     points = [
-        _point(batch, "handler", precision, _time(whole, seconds, loaded.device), loaded.device)
+        _point(batch, "handler", precision, _time(whole, seconds, loaded.device, memory), memory)
     ]
     service = loaded.service
     if (
@@ -161,8 +229,9 @@ def profile_batch(
             with _precision(loaded.device, precision), torch.inference_mode():
                 return service.model(tensor)
 
-        timings = _time(model_alone, seconds, loaded.device)
-        points.append(_point(batch, "model", precision, timings, loaded.device))
+        memory = _MemoryProbe(loaded.device)
+        timings = _time(model_alone, seconds, loaded.device, memory)
+        points.append(_point(batch, "model", precision, timings, memory))
     return points
 
 
@@ -206,5 +275,17 @@ def profile(
             flat = flat + 1 if per_item * MIN_GAIN > best else 0
             best = min(best, per_item)
             if batch_sizes is None and flat >= 2:
+                shaky = [p.batch_size for p in measured if p.spread > NOISY_SPREAD]
+                print(
+                    f"batch size {batch}: time per item improved by less than "
+                    f"{MIN_GAIN - 1:.0%} twice; stopping"
+                    + (
+                        " (but these timings are noisy: the stop may be noise; give "
+                        "--batch-sizes to measure larger sizes)"
+                        if shaky
+                        else ""
+                    ),
+                    file=sys.stderr,
+                )
                 break
     return points

@@ -118,6 +118,12 @@ def add_parser(commands: Any) -> None:
     profile.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     profile.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
     profile.add_argument("--seconds", type=float, default=2.0, help="timing per point")
+    profile.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: what one worker gets on this machine; set what your "
+        "workers get: cores / workers)",
+    )
     profile.add_argument("--out", type=Path, help="folder for profile.csv/.json/.png")
     profile.set_defaults(run=needing_bench_extra(run_profile_command, "matplotlib"))
 
@@ -359,9 +365,21 @@ def _int_list(text: str, minimum: int = 1) -> list[int]:
 
 
 def run_profile_command(args: argparse.Namespace) -> int:
-    from ferry.bench.profile import PRECISIONS, active_optimizations, load_handler, profile
+    import platform
+
+    import torch
+
+    from ferry.bench.profile import (
+        PRECISIONS,
+        InputRejected,
+        active_optimizations,
+        check_inputs,
+        load_handler,
+        noisy,
+        profile,
+    )
     from ferry.bench.profile_report import format_optimizations, format_table, write_reports
-    from ferry.config.settings import available_cores
+    from ferry.config.settings import available_cores, threads_per_worker
     from ferry.errors import FerryError
     from ferry.worker.torch_setup import configure_torch
 
@@ -371,15 +389,24 @@ def run_profile_command(args: argparse.Namespace) -> int:
         unknown = [p for p in precisions if p not in PRECISIONS]
         if unknown or not precisions:
             raise ValueError(f"unknown precision {unknown}; use fp32, fp16, bf16")
-        inputs = [Path(p).read_bytes() for p in args.input.split(",") if p]
+        names = [p for p in args.input.split(",") if p]
+        inputs = [Path(p).read_bytes() for p in names]
+        if args.threads is not None and args.threads < 1:
+            raise ValueError("--threads must be at least 1")
     except (ValueError, OSError) as exc:
         print(f"ferry bench profile: {exc}", file=sys.stderr)
         return 2
-    configure_torch(available_cores())  # as a lone worker on this machine
+    threads = args.threads or threads_per_worker(available_cores(), 1)
+    configure_torch(threads)  # as a worker: its share of the cores
+    conditions = (
+        f"{platform.machine()}, {available_cores()} cores; {threads} torch threads; "
+        f"device {args.device}; torch {torch.__version__}"
+    )
     with tempfile.TemporaryDirectory(prefix="ferry-profile-") as tmp:
         try:
             loaded = load_handler(args.model.resolve(), Path(tmp), args.device)
-        except (FerryError, RuntimeError) as exc:
+            check_inputs(loaded, inputs, names)
+        except (FerryError, RuntimeError, InputRejected) as exc:
             print(f"ferry bench profile: {exc}", file=sys.stderr)
             return 2
         optimization = active_optimizations(loaded)
@@ -394,10 +421,13 @@ def run_profile_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             ),
         )
+    print(conditions)
     print(format_optimizations(optimization))
     print(format_table(points))
+    for warning in noisy(points):
+        print(f"ferry bench profile: warning: {warning}", file=sys.stderr)
     if args.out is not None:
-        for path in write_reports(points, args.out, args.model.name, optimization):
+        for path in write_reports(points, args.out, args.model.name, optimization, conditions):
             print(path)
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cli import run_ferry
-from tests.fixtures.models import DEMO_STORE
+from tests.fixtures.models import DEMO_STORE, ts_style_archive
 
 pytestmark = pytest.mark.e2e
 SAMPLES = DEMO_STORE.parent / "samples"
@@ -43,7 +43,9 @@ def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
     assert keys == {
         (str(b), v, p) for b in (1, 2, 4) for v in ("handler", "model") for p in ("fp32", "bf16")
     }
-    assert all(float(r["items_per_second"]) > 0 and float(r["peak_memory_mb"]) > 0 for r in rows)
+    assert all(float(r["items_per_second"]) > 0 and float(r["memory_mb"]) >= 0 for r in rows)
+    assert all(int(r["runs"]) >= 5 and float(r["spread"]) >= 0 for r in rows)
+    assert "torch threads" in run.stdout
     document = json.loads((tmp_path / "profile.json").read_text())
     assert document["model"] == "shapes.mar" and len(document["points"]) == len(rows)
     assert document["optimization"] == {}
@@ -55,8 +57,49 @@ def test_profile_refuses_bad_arguments(tmp_path: Path) -> None:
     for extra, message in (
         (["--batch-sizes", "0,2"], ">= 1"),
         (["--precision", "fp8"], "unknown precision"),
+        (["--threads", "0"], "--threads must be at least 1"),
     ):
         run = run_ferry("bench", "profile", str(DEMO_STORE / "shapes.mar"), "--input", png, *extra)
         assert run.returncode == 2 and message in run.stderr
     missing = run_ferry("bench", "profile", str(tmp_path / "none.mar"), "--input", png)
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_an_input_the_model_cannot_read_is_named(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    run = run_ferry(
+        "bench",
+        "profile",
+        str(DEMO_STORE / "shapes.mar"),
+        "--input",
+        f"{SAMPLES / 'star.png'},{text}",
+        "--batch-sizes",
+        "1",
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"--input {text}: the handler" in run.stderr
+
+
+def test_a_torchserve_style_handler_profiles(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = ts_style_archive(store)
+    body = tmp_path / "row.json"
+    body.write_text("[1, 2, 3]")
+    run = run_ferry(
+        "bench",
+        "profile",
+        str(store / archive),
+        "--input",
+        str(body),
+        "--batch-sizes",
+        "1,2",
+        "--seconds",
+        "0.1",
+        "--threads",
+        "1",
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "1 torch threads" in run.stdout and "ms/item" in run.stdout

@@ -11,7 +11,7 @@ from ferry.bench import profile as profiling
 from ferry.bench.profile import ProfilePoint
 
 
-def _fake(per_item: dict[int, float], oom_from: int | None = None) -> Any:
+def _fake(per_item: dict[int, float], oom_from: int | None = None, spread: float = 0.1) -> Any:
     def measure(
         loaded: Any, inputs: Any, batch: int, precision: str, seconds: float
     ) -> list[ProfilePoint]:
@@ -29,6 +29,8 @@ def _fake(per_item: dict[int, float], oom_from: int | None = None) -> Any:
                 per_item[batch],
                 1000 / per_item[batch],
                 1.0,
+                spread,
+                5,
             )
         ]
 
@@ -76,3 +78,40 @@ def test_profile_reports_the_optimizations_the_handler_runs_with() -> None:
     assert format_optimizations(active) == "optimization: precision=bf16, batch_buckets=[1, 8]"
     loaded.service = object()  # a module-level handle function: nothing to report
     assert profiling.active_optimizations(loaded) == {}
+
+
+def test_a_stop_on_noisy_timings_says_it_may_be_noise(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(profiling, "profile_batch", _fake(CURVE, spread=0.9))
+    points = profiling.profile(None, [b""], None, ["fp32"], 0.1)  # type: ignore[arg-type]
+    assert [p.batch_size for p in points] == [1, 2, 4, 8, 16, 32]
+    stderr = capsys.readouterr().err
+    assert "batch size 32: time per item improved by less than 3% twice; stopping" in stderr
+    assert "the stop may be noise" in stderr
+    warnings = profiling.noisy(points)
+    assert len(warnings) == 6 and "p10-p90 spans 90% of the median" in warnings[0]
+
+
+class _Handler:
+    """A loaded handler that cannot decode ``bad`` and answers a per-row error for
+    ``row-error``."""
+
+    def __init__(self) -> None:
+        from ferry.handlers.context import Context
+
+        self.context = Context("m", ".", {}, 1, None)
+
+    def entry(self, rows: list[dict[str, Any]], context: Any) -> list[Any]:
+        body = bytes(rows[0]["body"])
+        if body == b"bad":
+            raise RuntimeError("cannot identify image file")
+        return [ValueError("not an image") if body == b"row-error" else "ok"]
+
+
+def test_an_input_the_handler_rejects_is_named() -> None:
+    loaded: Any = _Handler()
+    profiling.check_inputs(loaded, [b"good"], ["good.png"])
+    for payload, words in ((b"bad", "failed on it: cannot identify"), (b"row-error", "rejected")):
+        with pytest.raises(profiling.InputRejected, match=f"--input x.png: the handler {words}"):
+            profiling.check_inputs(loaded, [b"good", payload], ["good.png", "x.png"])

@@ -91,6 +91,32 @@ def test_health_is_unhealthy_when_no_start_up_worker_runs(store: Path) -> None:
     run(scenario)
 
 
+def test_health_is_unhealthy_while_start_up_archives_open(store: Path) -> None:
+    """The listeners serve before start-up models are registered: /ping must not say
+    Healthy then (it did, and ``ferry bench`` sent requests that got 404)."""
+
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar",))
+        opening, release = threading.Event(), threading.Event()
+        open_model_now = service._open_startup_model
+
+        def slow_open(*args: Any) -> Any:
+            opening.set()
+            release.wait(BOUND)
+            return open_model_now(*args)
+
+        service._open_startup_model = slow_open  # type: ignore[method-assign,assignment]
+        loading = asyncio.create_task(service.load_startup_models())
+        await asyncio.to_thread(opening.wait, BOUND)
+        assert service.health() == Health("Unhealthy")
+        release.set()
+        await loading
+        assert service.health() == Health("Healthy")
+        await service.close()
+
+    run(scenario)
+
+
 def test_predict_speaks_the_services_own_types(store: Path) -> None:
     async def scenario() -> None:
         service = service_for(store, models=("good=good.mar",))
