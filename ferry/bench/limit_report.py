@@ -82,6 +82,15 @@ def markdown(report: LimitReport, title: str) -> str:
         f"- peak goodput / X*: **{found['peak_goodput_over_ceiling']:.2f}** "
         f"({report.peak_goodput:.1f} req/s at {report.peak_concurrency} clients; "
         f"{found['peak_goodput_over_pipelined_ceiling']:.2f} of the pipelined ceiling)",
+        *(
+            [
+                "- the peak is above the ceiling: the profiled costs were higher than the "
+                "server's (a busy machine while profiling? rerun with more --profile-seconds); "
+                "read the ratios with that in mind"
+            ]
+            if report.peak_goodput > 1.05 * limits.ceiling_sequential
+            else []
+        ),
         "- goodput within the SLO / X_SLO: **"
         + (
             f"{found['goodput_within_slo_over_slo_capacity']:.2f}"

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
+import json
 import math
+import os
 import statistics
+import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,33 +120,51 @@ def batch_sizes_up_to(largest: int) -> list[int]:
     return [*sizes, largest]
 
 
-def profile_costs(spec: LimitSpec, say: Say) -> dict[int, dict[str, float]]:
+def profile_costs(spec: LimitSpec, work: Path, say: Say) -> dict[int, dict[str, float]]:
     """Each batch size's median cost by stage: ``inference`` (the model's forward pass)
-    and ``pre/post`` (the rest of the handler), or ``handler`` when its model is hidden."""
-    from ferry.bench.profile import load_handler, profile_batch
-    from ferry.config.settings import available_cores, threads_per_worker
-    from ferry.worker.torch_setup import configure_torch
+    and ``pre/post`` (the rest of the handler), or ``handler`` when its model is hidden.
 
-    # The threads each of the server's workers gets: the costs are a worker's costs.
-    configure_torch(threads_per_worker(available_cores(), spec.workers))
-    payloads = [path.read_bytes() for path in spec.inputs]
+    ``ferry bench profile`` measures them in a process started as a worker is (its
+    environment, its share of the cores as torch threads): the costs are a worker's."""
+    from ferry.config.settings import available_cores, threads_per_worker
+    from ferry.worker.torch_setup import worker_environment
+
+    out = work / "profile"
+    sizes = batch_sizes_up_to(spec.batch_size)
+    argv = [
+        sys.executable,
+        "-m",
+        "ferry",
+        "bench",
+        "profile",
+        str(spec.model),
+        "--input",
+        ",".join(map(str, spec.inputs)),
+        "--batch-sizes",
+        ",".join(map(str, sizes)),
+        "--seconds",
+        f"{spec.profile_seconds:g}",
+        "--threads",
+        str(threads_per_worker(available_cores(), spec.workers)),
+        "--out",
+        str(out),
+    ]
+    run = subprocess.run(
+        argv, env=worker_environment(os.environ), capture_output=True, text=True, check=False
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"profiling failed: {run.stderr.strip()[-500:]}")
+    points = json.loads((out / "profile.json").read_text())["points"]
     costs: dict[int, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as work:
-        loaded = load_handler(spec.model, Path(work), "cpu")
-        for batch in batch_sizes_up_to(spec.batch_size):
-            points = {
-                p.variant: p
-                for p in profile_batch(loaded, payloads, batch, "fp32", spec.profile_seconds)
-            }
-            whole = points["handler"].latency_ms_median
-            if "model" in points:
-                model = min(whole, points["model"].latency_ms_median)
-                costs[batch] = {"pre/post": round(whole - model, 3), "inference": model}
-            else:
-                costs[batch] = {"handler": whole}
-            say(f"profile: batch {batch}: {whole:.2f} ms ({costs[batch]})")
-        del loaded
-    gc.collect()
+    for batch in sizes:
+        mine = {p["variant"]: p["latency_ms_median"] for p in points if p["batch_size"] == batch}
+        whole = mine["handler"]
+        if "model" in mine:
+            model = min(whole, mine["model"])
+            costs[batch] = {"pre/post": round(whole - model, 3), "inference": model}
+        else:
+            costs[batch] = {"handler": whole}
+        say(f"profile: batch {batch}: {whole:.2f} ms ({costs[batch]})")
     return costs
 
 
@@ -197,7 +216,7 @@ def round_trip(spec: LimitSpec, work: Path, say: Say) -> tuple[float, str]:
 
 
 def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
-    costs = profile_costs(spec, say)
+    costs = profile_costs(spec, work, say)
     trip, trip_source = round_trip(spec, work, say)
     limits = bounds(costs, trip, spec.slo_ms, spec.workers)
     say(

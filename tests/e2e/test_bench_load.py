@@ -199,8 +199,9 @@ def test_a_rate_sweep_reports_and_plots_each_rate(tmp_path: Path) -> None:
             "--duration",
             "0.5",
             "--out",
-            str(tmp_path / "out"),
+            "out",  # relative to the working directory
             timeout=120,
+            cwd=tmp_path,
         )
     assert run.returncode == 0, run.stderr
     figures = json.loads((tmp_path / "out" / "load.json").read_text())

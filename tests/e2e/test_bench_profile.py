@@ -99,7 +99,11 @@ def test_a_torchserve_style_handler_profiles(tmp_path: Path) -> None:
         "0.1",
         "--threads",
         "1",
+        "--out",
+        "profiled",  # relative to the working directory
         timeout=300,
+        cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr
     assert "1 torch threads" in run.stdout and "ms/item" in run.stdout
+    assert (tmp_path / "profiled" / "profile.csv").read_text().startswith("batch_size,")
