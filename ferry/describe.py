@@ -70,6 +70,7 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
         "jobQueueSize": model.queue_capacity,
         "deviceType": "gpu" if model.gpu_ids else "cpu",
         "deviceIds": list(model.gpu_ids),
+        "batchPolicy": model.batch_policy,
         **_TORCHSERVE_ONLY_FIELDS,
         "loadedAtStartup": model.loaded_at_startup,
         "workers": [_worker_json(worker) for worker in model.workers],

@@ -12,6 +12,8 @@ Each transport maps them to its own codes in one table (``ferry.http.errors``).
     ├── NoWorkerAvailable      the model has no worker that could take the request
     ├── WorkerDied             the worker holding the request crashed (after one retry)
     ├── ResponseTimeout        the worker did not answer within responseTimeout
+    ├── DeadlineExceeded       the request's own deadline (x-ferry-deadline-ms) cannot be
+    │                          met: shed before it reached a worker
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
     ├── ArchiveError           an archive or model folder cannot be read
     │   ├── ArchiveNotFound    the model store has no such archive
@@ -75,6 +77,10 @@ class WorkerDied(FerryError):
 
 
 class ResponseTimeout(FerryError):
+    pass
+
+
+class DeadlineExceeded(FerryError):
     pass
 
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,7 +27,9 @@ from ferry.config.settings import threads_per_worker as split_threads
 from ferry.errors import (
     ClientGone,
     ConfigError,
+    DeadlineExceeded,
     FerryError,
+    InvalidInput,
     InvalidRequest,
     ModelApiDisabled,
     ModelLoadFailed,
@@ -84,6 +87,25 @@ def _visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+DEADLINE_HEADER = "x-ferry-deadline-ms"
+"""A request's time budget in milliseconds from its arrival: past it, or when its batch
+cannot finish within it, it is answered ``DeadlineExceeded`` instead of being run."""
+
+
+def deadline_budget(headers: dict[str, str]) -> float | None:
+    """Seconds the request may take, from ``DEADLINE_HEADER``; ``InvalidInput`` if bad."""
+    value = next((v for k, v in headers.items() if k.lower() == DEADLINE_HEADER), None)
+    if value is None:
+        return None
+    try:
+        milliseconds = float(value)
+    except ValueError:
+        milliseconds = math.nan
+    if not milliseconds > 0 or math.isinf(milliseconds):
+        raise InvalidInput(f"{DEADLINE_HEADER} must be a positive number of milliseconds")
+    return milliseconds / 1000
 
 
 class FerryService:
@@ -148,11 +170,16 @@ class FerryService:
         if explain:
             headers = {**headers, "explain": "True"}
         joined: list[bytes] = []
+        budget = deadline_budget(headers)
         job = Job(
             messages.RequestItem(request_id, headers, wire_parts),
             loop.create_future(),
             self._part_sink(request_id, on_part, joined),
         )
+        expiry = None
+        if budget is not None:
+            job.deadline = job.enqueued_at + budget
+            expiry = loop.call_later(budget, job.expire)  # answered at once, not at dispatch
         try:
             if explain:
                 runner.submit_alone(job)
@@ -162,10 +189,15 @@ class FerryService:
                 on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
             try:
                 answer = await job.future
+            except DeadlineExceeded:
+                runner.metrics.shed(1)
+                raise
             finally:
                 runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
         finally:
             self._client_request_ids.discard(request_id)
+            if expiry is not None:
+                expiry.cancel()
         body = b"".join([*joined, answer.body])
         if len(body) > self.settings.max_response_size:
             raise ResponseTooLarge(
@@ -262,6 +294,8 @@ class FerryService:
             response_timeout=config.response_timeout or settings.default_response_timeout,
             startup_timeout=_startup_timeout(config.startup_timeout, startup_timeout, config),
             queue_capacity=config.job_queue_size or settings.job_queue_size,
+            batch_policy=config.batch_policy or "adaptive",
+            latency_objective_ms=config.latency_objective_ms,
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
@@ -590,6 +624,18 @@ class FerryService:
         self._snapshot_changed()
         ref = ModelRef(entry.archive.name, entry.archive.version)
         return Registration(ref, len(entry.runner.slots), ready=synchronous)
+
+    def set_batch_policy(
+        self, name: str, version: str | None, policy: str, latency_objective_ms: float | None
+    ) -> ModelRef:
+        """Switch the model version's batch policy; queued requests stay and are batched by
+        the new one (``InvalidRequest`` for an unknown policy)."""
+        entry = self.registry.get(name, version)
+        try:
+            entry.runner.set_batch_policy(policy, latency_objective_ms)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return ModelRef(entry.archive.name, entry.archive.version)
 
     def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)

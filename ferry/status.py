@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ferry.procinfo import resident_bytes
 from ferry.scheduling.pool import SlotState, WorkerSlot
@@ -54,6 +55,8 @@ class ModelStatus:
     """Seconds a worker may take to load the model."""
     gpu_ids: tuple[int, ...] = ()
     """The GPUs the workers use; none means they run on the CPU."""
+    batch_policy: dict[str, Any] = field(default_factory=dict)
+    """The batch policy's name and state (``describe``: its learned cost curve)."""
 
 
 def _worker_status(slot: WorkerSlot) -> WorkerStatus:
@@ -93,4 +96,5 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         last_error=runner.last_error(),
         startup_timeout=runner.settings.startup_timeout,
         gpu_ids=runner.settings.gpu_ids,
+        batch_policy=runner.queue.describe(),
     )

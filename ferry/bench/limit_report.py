@@ -46,7 +46,9 @@ def markdown(report: LimitReport, title: str) -> str:
         f"# Limit report: {title}",
         "",
         f"Machine: {machine()}.",
-        f"Server: {spec.url or 'Ferry, started by ferry bench limit'}; batch size "
+        f"Server: {spec.url or 'Ferry, started by ferry bench limit'}"
+        + (f", batch policy {spec.batch_policy}" if spec.batch_policy else "")
+        + "; batch size "
         f"{spec.batch_size}, max batch delay {spec.max_batch_delay} ms, {spec.workers} "
         f"worker(s). p99 SLO {spec.slo_ms:g} ms. Poisson arrivals, seed {spec.seed}, "
         f"{spec.seconds:g} s per rate.",

@@ -61,6 +61,11 @@ class LimitSpec:
     url: str | None = None
     """An already running server's prediction URL, instead of starting Ferry."""
     noop_url: str | None = None
+    batch_policy: str | None = None
+    """Ferry's batch policy for the server started here (None: the archive's)."""
+    rates: list[float] | None = None
+    """Offered loads in requests/s, instead of ``fractions`` of X* (so several runs offer
+    the same arrivals)."""
 
 
 @dataclass
@@ -224,7 +229,9 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
         f"(pipelined {limits.ceiling_pipelined:.1f}), X_SLO {limits.slo_capacity or 0:.1f} req/s"
     )
     payloads = [path.read_bytes() for path in spec.inputs]
-    config = ServerConfig(spec.batch_size, spec.max_batch_delay, spec.workers)
+    config = ServerConfig(
+        spec.batch_size, spec.max_batch_delay, spec.workers, batch_policy=spec.batch_policy
+    )
     cost_ms = cost_function(costs)
     with contextlib.ExitStack() as stack:
         url = spec.url or stack.enter_context(_served(spec, spec.model, config, work / "server"))
@@ -241,8 +248,9 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
         _check(peak, "peak")
         say(f"peak: {peak.throughput:.1f} req/s at {concurrency} clients")
         report = LimitReport(spec, costs, trip, trip_source, limits, peak.throughput, concurrency)
-        for fraction in spec.fractions:
-            rate = fraction * limits.ceiling_sequential
+        offered = spec.rates or [f * limits.ceiling_sequential for f in spec.fractions]
+        for rate in offered:
+            fraction = rate / limits.ceiling_sequential
             result = _load(
                 url, payloads, spec.content_type, rate=rate, duration=spec.seconds, seed=spec.seed
             )

@@ -36,6 +36,8 @@ class ServerConfig:
     workers: int
     precision: str = "fp32"
     """Ferry's ``optimization: precision``; other values than fp32 serve a patched copy."""
+    batch_policy: str | None = None
+    """Ferry's ``batchPolicy`` (None: the archive's, else adaptive)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[st
                 "maxBatchDelay": config.max_batch_delay,
                 "responseTimeout": 300,
                 "defaultVersion": True,
+                **({"batchPolicy": config.batch_policy} if config.batch_policy else {}),
             }
         }
     }

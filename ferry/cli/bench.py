@@ -157,6 +157,14 @@ def add_parser(commands: Any) -> None:
         default="0.1,0.3,0.5,0.7,0.8,0.9,0.95",
         help="offered loads, as fractions of the ceiling X*",
     )
+    limit.add_argument(
+        "--rates", help="offered loads in requests/s instead of --fractions (e.g. 5,10,20)"
+    )
+    limit.add_argument(
+        "--batch-policy",
+        choices=["adaptive", "immediate", "fixed_window"],
+        help="the started Ferry server's batch policy (default: the archive's)",
+    )
     limit.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
     limit.add_argument("--profile-seconds", type=float, default=2.0, help="timing per batch size")
     limit.add_argument("--seed", type=int, default=0, help="arrival seed")
@@ -651,6 +659,9 @@ def run_limit_command(args: argparse.Namespace) -> int:
         if slo_ms <= 0 or not inputs or not all(p.is_file() for p in inputs):
             raise ValueError("the SLO must be positive and every input a file")
         fractions = _floats(args.fractions, "--fractions")
+        rates = sorted(_floats(args.rates, "--rates")) if args.rates else None
+        if args.batch_policy and args.url:
+            raise ValueError("--batch-policy sets the server started here; not with --url")
         if max(fractions) >= 1.5:
             raise ValueError("--fractions are shares of the ceiling, e.g. 0.1,0.5,0.9")
         model = args.model.resolve()
@@ -679,6 +690,8 @@ def run_limit_command(args: argparse.Namespace) -> int:
         content_type=args.content_type,
         url=args.url,
         noop_url=args.noop_url,
+        batch_policy=args.batch_policy,
+        rates=rates,
     )
     out = args.out.resolve()
     try:

@@ -46,6 +46,8 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "maxWorkerMemoryMB": ("max_worker_memory_mb", integer(1)),
     "jobQueueSize": ("job_queue_size", integer(1)),
     "startupTimeout": ("startup_timeout", number(0.0, above_low=True)),
+    "batchPolicy": ("batch_policy", choice("adaptive", "immediate", "fixed_window")),
+    "latencyObjectiveMs": ("latency_objective_ms", number(0.0, above_low=True)),
 }
 
 
@@ -70,6 +72,11 @@ class ModelConfig:
     when None)."""
     startup_timeout: float | None = None
     """Seconds a worker may take to load the model (TorchServe's ``startupTimeout``)."""
+    batch_policy: str | None = None
+    """Ferry: ``adaptive`` (default), ``immediate`` or ``fixed_window``
+    (``ferry.scheduling.batch_policy``)."""
+    latency_objective_ms: float | None = None
+    """Ferry: the adaptive policy never holds a request so long that it would miss this."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

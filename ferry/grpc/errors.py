@@ -27,6 +27,7 @@ from ferry.errors import (
     ArchiveNotFound,
     ClientGone,
     ConfigError,
+    DeadlineExceeded,
     FerryError,
     HandlerFailed,
     InvalidInput,
@@ -93,6 +94,7 @@ ERROR_CODES: dict[type[FerryError], StatusCode] = {
     ClientGone: StatusCode.CANCELLED,
     WorkerDied: StatusCode.INTERNAL,
     ResponseTimeout: StatusCode.DEADLINE_EXCEEDED,
+    DeadlineExceeded: StatusCode.DEADLINE_EXCEEDED,
     HandlerFailed: StatusCode.INTERNAL,  # or the code the handler asked for: error_code()
     ArchiveError: StatusCode.INVALID_ARGUMENT,
     PackageInstallFailed: StatusCode.INVALID_ARGUMENT,

@@ -15,6 +15,7 @@ from ferry.errors import (
     ArchiveNotFound,
     ClientGone,
     ConfigError,
+    DeadlineExceeded,
     FerryError,
     HandlerFailed,
     InvalidInput,
@@ -47,6 +48,7 @@ ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
     ClientGone: (499, "ClientClosedRequestException"),  # nginx's code; nobody reads it
     WorkerDied: (500, "InternalServerException"),
     ResponseTimeout: (504, "ResponseTimeoutException"),
+    DeadlineExceeded: (504, "DeadlineExceededException"),
     HandlerFailed: (500, "InternalServerException"),
     ArchiveError: (400, "InvalidModelException"),
     PackageInstallFailed: (400, "ModelException"),

@@ -95,6 +95,11 @@ def management_app(service: FerryService, workflows: WorkflowManager) -> Starlet
         if request.method == "DELETE":
             await service.unregister(name, version)
             return _status(f'Model "{name}" unregistered')
+        policy = params.text("batch_policy")
+        if policy is not None:  # Ferry's: PUT /models/M?batch_policy=immediate
+            objective = params.number("latency_objective_ms", minimum=0.0)
+            ref = service.set_batch_policy(name, version, policy, objective)
+            return _status(f"Batch policy of model {ref.name} set to {policy}")
         min_worker = params.integer("min_worker", minimum=0)
         min_worker = 1 if min_worker is None else min_worker
         max_worker = params.integer("max_worker", minimum=0)

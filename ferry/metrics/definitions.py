@@ -103,6 +103,19 @@ class FerryMetrics:
             "counter",
             MODEL,
         )
+        self.requests_shed = Family(
+            "ferry_requests_shed_total",
+            "Requests answered DeadlineExceeded because their deadline could not be met.",
+            "counter",
+            MODEL,
+        )
+        self.batch_dispatches = Family(
+            "ferry_batch_dispatch_total",
+            "Batches handed to workers, by why the batch policy let each go: full, "
+            "delay_bound, idle_worker, cost_model, deadline, window.",
+            "counter",
+            (*MODEL, "reason"),
+        )
         self.worker_recycles = Family(
             "ferry_worker_recycles_total",
             "Workers replaced on reaching their request or memory limit (recycle settings).",
@@ -188,6 +201,8 @@ class FerryMetrics:
             self.worker_restarts,
             self.worker_recycles,
             self.requests_abandoned,
+            self.batch_dispatches,
+            self.requests_shed,
             self.responses,
             self.process_cpu,
             self.process_memory,
@@ -390,6 +405,15 @@ class ModelMetrics:
     def abandoned(self, count: int) -> None:
         if self.enabled:
             self._abandoned.inc(count)
+
+    def shed(self, count: int) -> None:
+        if self.enabled:
+            self.metrics.requests_shed.counter(*self.labels).inc(count)
+
+    def batch_released(self, reason: str, size: int) -> None:
+        """A batch of ``size`` left the queue for ``reason`` (the policy's)."""
+        if self.enabled:
+            self.metrics.batch_dispatches.counter(*self.labels, reason or "unknown").inc()
 
     def handler_metric(
         self, name: str, value: float, unit: str, kind: str, dimensions: dict[str, str]

@@ -1,60 +1,39 @@
-"""When to hand a batch to an idle worker: pure logic, clock injected by the caller.
+"""When to hand a batch to an idle worker: pluggable policies, pure logic, clock passed in.
 
-Rules, checked in order whenever a worker asks for work:
+A model's queue asks its policy whenever a worker is free (``decide``) and tells it what
+happens (``arrived``, ``batch_timed``). Three policies, chosen per model
+(``batchPolicy`` in model-config.yaml):
 
-1. A full batch (``batch_size`` queued) goes at once.
-2. ``max_batch_delay`` is an upper bound counted from the oldest request's arrival: once it
-   has passed, whatever is queued goes.
-3. Otherwise wait only when waiting pays: the rate at which requests have recently
-   arrived *while others were already waiting* must promise at least one more arrival
-   before the deadline, and the stream must not have gone quiet (no arrival for a few
-   expected gaps). A closed-loop client at concurrency 1 never sends while its request is
-   waiting, so that rate is ~0 and its requests go at once; under load requests pile up
-   while workers are busy, the rate is high, and batches fill.
+``adaptive`` (the default)
+    Work-conserving unless waiting pays. With q requests queued and arrivals at rate λ
+    (requests in the last ``RATE_WINDOW`` seconds: it forgets a burst within that
+    window), batches of q keep up when q / cost(q) >= λ, and then the batch goes now: a
+    lone request at low load never waits. Only when they cannot keep up does it wait,
+    for the arrivals that make the smallest batch b that can (b / cost(b) >= λ), and
+    never past ``maxBatchDelay`` from the oldest request's arrival, nor past the point
+    where the oldest request would miss ``latencyObjectiveMs``. cost(b) is learned from
+    the worker's own batch timings (``CostModel``); without evidence it does not wait.
+``immediate``
+    Triton's default: whatever is queued (up to the batch size) goes when a worker is free.
+``fixed_window``
+    TorchServe's: a worker takes the first request, then waits up to ``maxBatchDelay``
+    from that moment for the batch to fill.
+
+Every decision names its reason (``full``, ``delay_bound``, ``idle_worker``,
+``cost_model``, ``deadline``, ``window``), counted per model in the metrics.
 """
 
 from __future__ import annotations
 
-import math
+from collections import deque
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-QUIET_GAPS = 3.0
-"""A stream silent for this many expected inter-arrival gaps is taken to have paused."""
-
-
-class WaitingArrivalRate:
-    """Arrivals per second into a non-empty queue, exponentially decayed over ``half_life``.
-
-    Counts only requests that joined others already waiting, divided by the time the queue
-    held waiting requests: the rate that tells whether waiting will grow a batch.
-    """
-
-    def __init__(self, half_life: float = 2.0) -> None:
-        self._decay = math.log(2) / half_life
-        self._arrivals = 0.0
-        self._waiting_seconds = 0.0
-        self._last: float | None = None
-
-    def advance(self, now: float, queue_was_waiting: bool) -> None:
-        """Account for the time since the last event; call before every queue change."""
-        if self._last is not None and now > self._last:
-            elapsed = now - self._last
-            factor = math.exp(-self._decay * elapsed)
-            self._arrivals *= factor
-            self._waiting_seconds *= factor
-            if queue_was_waiting:
-                self._waiting_seconds += elapsed
-        self._last = now if self._last is None else max(now, self._last)
-
-    def record_arrival(self, joined_waiting_queue: bool) -> None:
-        if joined_waiting_queue:
-            self._arrivals += 1.0
-
-    def per_second(self) -> float:
-        # Too little observed waiting time says nothing; treat it as "no evidence".
-        if self._waiting_seconds < 1e-4:
-            return 0.0
-        return self._arrivals / self._waiting_seconds
+POLICIES = ("adaptive", "immediate", "fixed_window")
+RATE_WINDOW = 1.0
+"""Seconds of arrivals the adaptive policy's rate counts: a burst is forgotten within it."""
+COST_SMOOTHING = 0.2
+"""Weight of a new batch timing in its size's running cost."""
 
 
 @dataclass(frozen=True)
@@ -62,29 +41,207 @@ class Decision:
     dispatch: bool
     wake_at: float | None = None
     """When not dispatching: when to decide again at the latest (None: on the next arrival)."""
+    reason: str = ""
 
 
-def decide(
-    *,
-    now: float,
-    queued: int,
-    oldest_arrival: float,
-    last_arrival: float,
-    batch_size: int,
-    max_delay: float,
-    arrival_rate: float,
-) -> Decision:
-    """Whether an idle worker should take what is queued now."""
-    if queued == 0:
+@dataclass(frozen=True)
+class QueueState:
+    """What a policy sees of the queue when a worker asks for work."""
+
+    now: float
+    queued: int
+    oldest_arrival: float
+    worker_free_since: float
+    """When the asking worker started waiting (TorchServe's window starts there)."""
+    batch_size: int
+    max_delay: float
+    costs: CostModel
+    """The model's batch costs, learned by its queue from worker timings (policies share
+    it, so switching policy loses no evidence)."""
+
+
+class BatchPolicy(Protocol):
+    name: str
+
+    def arrived(self, now: float) -> None: ...
+
+    def decide(self, state: QueueState) -> Decision: ...
+
+    def describe(self, now: float) -> dict[str, Any]: ...
+
+
+def _common(state: QueueState) -> Decision | None:
+    """Rules every policy shares: nothing queued waits for an arrival; a full batch goes."""
+    if state.queued == 0:
         return Decision(dispatch=False)
-    if queued >= batch_size:
-        return Decision(dispatch=True)
-    deadline = oldest_arrival + max_delay
-    if now >= deadline or arrival_rate <= 0:
-        return Decision(dispatch=True)
-    if arrival_rate * (deadline - now) < 1.0:
-        return Decision(dispatch=True)
-    quiet_after = last_arrival + QUIET_GAPS / arrival_rate
-    if now >= quiet_after:
-        return Decision(dispatch=True)
-    return Decision(dispatch=False, wake_at=min(deadline, quiet_after))
+    if state.queued >= state.batch_size:
+        return Decision(dispatch=True, reason="full")
+    return None
+
+
+class ImmediatePolicy:
+    name = "immediate"
+
+    def arrived(self, now: float) -> None:
+        pass
+
+    def decide(self, state: QueueState) -> Decision:
+        return _common(state) or Decision(dispatch=True, reason="idle_worker")
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {"policy": self.name}
+
+
+class FixedWindowPolicy:
+    name = "fixed_window"
+
+    def arrived(self, now: float) -> None:
+        pass
+
+    def decide(self, state: QueueState) -> Decision:
+        shared = _common(state)
+        if shared is not None:
+            return shared
+        window_end = max(state.oldest_arrival, state.worker_free_since) + state.max_delay
+        if state.now >= window_end:
+            return Decision(dispatch=True, reason="window")
+        return Decision(dispatch=False, wake_at=window_end)
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {"policy": self.name}
+
+
+class RecentRate:
+    """Arrivals per second over the last ``window`` seconds."""
+
+    def __init__(self, window: float = RATE_WINDOW) -> None:
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def add(self, now: float) -> None:
+        self._times.append(now)
+        self._forget(now)
+
+    def per_second(self, now: float) -> float:
+        self._forget(now)
+        return len(self._times) / self.window
+
+    def _forget(self, now: float) -> None:
+        while self._times and self._times[0] <= now - self.window:
+            self._times.popleft()
+
+
+class CostModel:
+    """A batch's cost by size, learned from the worker's timings (a running mean per
+    size); sizes not seen are interpolated between seen ones, and beyond the largest
+    seen assumed to cost proportionally more (no gain claimed without evidence)."""
+
+    def __init__(self, smoothing: float = COST_SMOOTHING) -> None:
+        self.smoothing = smoothing
+        self.seconds: dict[int, float] = {}
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size < 1 or seconds <= 0:
+            return
+        old = self.seconds.get(size)
+        self.seconds[size] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def cost(self, size: int) -> float | None:
+        if size in self.seconds:
+            return self.seconds[size]
+        if not self.seconds:
+            return None
+        known = sorted(self.seconds)
+        below = [k for k in known if k < size]
+        above = [k for k in known if k > size]
+        if below and above:
+            low, high = below[-1], above[0]
+            share = (size - low) / (high - low)
+            return self.seconds[low] + share * (self.seconds[high] - self.seconds[low])
+        if below:  # beyond the largest seen: proportional, no gain assumed
+            return self.seconds[below[-1]] * size / below[-1]
+        return self.seconds[above[0]] * size / above[0]  # below the smallest seen
+
+    def throughput(self, size: int) -> float | None:
+        """Requests per second a stream of batches of ``size`` sustains."""
+        cost = self.cost(size)
+        return None if cost is None or cost <= 0 else size / cost
+
+
+class AdaptivePolicy:
+    name = "adaptive"
+
+    def __init__(self, latency_objective: float | None = None) -> None:
+        self.latency_objective = latency_objective
+        """Seconds; waiting never makes the oldest request's expected latency exceed it."""
+        self.rate = RecentRate()
+
+    def arrived(self, now: float) -> None:
+        self.rate.add(now)
+
+    def decide(self, state: QueueState) -> Decision:
+        shared = _common(state)
+        if shared is not None:
+            return shared
+        bound = state.oldest_arrival + state.max_delay
+        if state.now >= bound:
+            return Decision(dispatch=True, reason="delay_bound")
+        rate = self.rate.per_second(state.now)
+        costs = state.costs
+        keeps_up = costs.throughput(state.queued)
+        if rate <= 0 or keeps_up is None or keeps_up >= rate:
+            return Decision(dispatch=True, reason="idle_worker")  # waiting cannot pay
+        target = _smallest_sustainable(costs, state.queued, state.batch_size, rate)
+        wake = min(bound, state.now + (target - state.queued) / rate)
+        if self.latency_objective is not None:
+            cost = costs.cost(target) or 0.0
+            latest = state.oldest_arrival + self.latency_objective - cost
+            if latest <= state.now:
+                return Decision(dispatch=True, reason="deadline")
+            wake = min(wake, latest)
+        return Decision(dispatch=False, wake_at=wake, reason="cost_model")
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "policy": self.name,
+            "arrivalsPerSecond": self.rate.per_second(now),
+            "latencyObjectiveMs": (
+                None if self.latency_objective is None else self.latency_objective * 1000
+            ),
+        }
+
+
+def _smallest_sustainable(costs: CostModel, queued: int, batch_size: int, rate: float) -> int:
+    """The smallest batch above ``queued`` whose stream keeps up with ``rate`` (else the
+    batch size)."""
+    for size in range(queued + 1, batch_size + 1):
+        sustained = costs.throughput(size)
+        if sustained is not None and sustained >= rate:
+            return size
+    return batch_size
+
+
+def make_policy(name: str, latency_objective_ms: float | None = None) -> BatchPolicy:
+    """The policy called ``name`` (one of ``POLICIES``)."""
+    if name == "immediate":
+        return ImmediatePolicy()
+    if name == "fixed_window":
+        return FixedWindowPolicy()
+    if name == "adaptive":
+        objective = None if latency_objective_ms is None else latency_objective_ms / 1000
+        return AdaptivePolicy(objective)
+    raise ValueError(f"unknown batch policy {name!r}; one of {', '.join(POLICIES)}")
+
+
+__all__ = [
+    "POLICIES",
+    "AdaptivePolicy",
+    "BatchPolicy",
+    "CostModel",
+    "Decision",
+    "FixedWindowPolicy",
+    "ImmediatePolicy",
+    "QueueState",
+    "RecentRate",
+    "make_policy",
+]

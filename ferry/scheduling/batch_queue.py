@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ferry.scheduling.assembler import BatchAssembler
+from ferry.scheduling.batch_policy import BatchPolicy
 
 T = TypeVar("T")
 
@@ -19,10 +20,14 @@ class BatchQueue(Generic[T]):
         max_delay: float,
         capacity: int,
         clock: Callable[[], float] = time.monotonic,
+        policy: BatchPolicy | None = None,
+        on_dispatch: Callable[[str, int], None] | None = None,
     ) -> None:
-        self._assembler = BatchAssembler[T](batch_size, max_delay, capacity)
+        self._assembler = BatchAssembler[T](batch_size, max_delay, capacity, policy)
         self._clock = clock
         self._waiters: list[asyncio.Future[None]] = []
+        self._on_dispatch = on_dispatch
+        """Told each batch's reason and size (the metrics' ``reason`` label)."""
 
     def __len__(self) -> int:
         return len(self._assembler)
@@ -52,17 +57,43 @@ class BatchQueue(Generic[T]):
     def drain(self) -> list[T]:
         return self._assembler.drain(self._clock())
 
+    @property
+    def policy(self) -> BatchPolicy:
+        return self._assembler.policy
+
+    def set_policy(self, policy: BatchPolicy) -> None:
+        """Switch policy; queued requests stay, and waiting workers decide again at once."""
+        self._assembler.policy = policy
+        self._wake_all()
+
+    def batch_timed(self, size: int, seconds: float) -> None:
+        self._assembler.batch_timed(size, seconds)
+
+    def expected_cost(self, size: int) -> float:
+        """Seconds a batch of ``size`` is expected to take (0 before any was timed)."""
+        return self._assembler.costs.cost(size) or 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return self._assembler.describe(self._clock())
+
+    def _released(self, jobs: list[T], reason: str) -> list[T]:
+        if self._on_dispatch is not None and jobs:
+            self._on_dispatch(reason, len(jobs))
+        return jobs
+
     def take_ready(self) -> list[T] | None:
         """The next batch if the policy releases one right now, without waiting."""
-        return self._assembler.poll(self._clock())
+        released = self._assembler.poll(self._clock())
+        return None if released is None else self._released(*released)
 
     async def take_batch(self) -> list[T]:
         """Wait until the policy releases a batch. Cancelling takes nothing from the queue."""
+        free_since = self._clock()
         while True:
             now = self._clock()
-            decision = self._assembler.decision(now)
+            decision = self._assembler.decision(now, free_since)
             if decision.dispatch:
-                return self._assembler.take(now)
+                return self._released(self._assembler.take(now), decision.reason)
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ferry.errors import (
+    DeadlineExceeded,
     FerryError,
     HandlerFailed,
     InvalidInput,
@@ -291,12 +292,19 @@ class Dispatcher:
         return self._still_wanted(self.queue.take_ready() or [])
 
     def _still_wanted(self, jobs: list[Job]) -> list[Job]:
-        """Drop requests answered while they waited (their client hung up): they never
+        """Drop requests answered while they waited (their client hung up, or their
+        deadline passed), and shed those whose deadline the batch cannot meet: they never
         reach a worker."""
         wanted = [job for job in jobs if not job.future.done()]
         if len(wanted) < len(jobs):
             self.metrics.abandoned(len(jobs) - len(wanted))
-        return wanted
+        finish = self._clock() + self.queue.expected_cost(len(wanted))
+        late = [job for job in wanted if job.deadline is not None and job.deadline < finish]
+        for job in late:
+            job.fail(
+                DeadlineExceeded("the request's deadline cannot be met: shed before its batch")
+            )
+        return [job for job in wanted if job not in late] if late else wanted
 
     def _requeue_unstarted(self, jobs: list[Job], error: FerryError) -> None:
         """Requests a failed worker held but had not started on go back to the queue's
@@ -398,6 +406,8 @@ class Dispatcher:
         self.metrics.stages(result.stage_ms)
         round_trip_ms = (self._clock() - exchange.started_at) * 1000
         self.metrics.batch_done(result.handler_ms, max(0.0, round_trip_ms - result.handler_ms))
+        # What a batch of this size occupies a worker for: the batch policy's cost evidence.
+        self.queue.batch_timed(len(jobs), round_trip_ms / 1000)
         for metric in result.metrics:
             self.metrics.handler_metric(
                 metric.name, metric.value, metric.unit, metric.kind, metric.dimensions

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ferry.errors import FerryError
+from ferry.errors import DeadlineExceeded, FerryError
 from ferry.worker.messages import RequestItem
 
 _request_ids = itertools.count(1)
@@ -56,6 +56,13 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     queued_seconds: float = 0.0
     """Arrival to first dispatch to a worker."""
+    deadline: float | None = None
+    """``time.monotonic()`` by which the client wants its answer (x-ferry-deadline-ms)."""
+
+    def expire(self) -> None:
+        """The deadline passed: answer now unless a worker already has the request."""
+        if self.attempts == 0 and not self.future.done():
+            self.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
 
     def stream(self, part: StreamedPart) -> None:
         if self.future.done():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
+from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import Job
@@ -34,6 +35,10 @@ class RunnerSettings:
     max_workers: int = 0
     """TorchServe's maxWorkers, reported by describe; Ferry runs ``workers`` processes."""
     recycle: RecyclePolicy = field(default_factory=RecyclePolicy)
+    batch_policy: str = "adaptive"
+    """``batchPolicy``: adaptive, immediate or fixed_window (``batch_policy``)."""
+    latency_objective_ms: float | None = None
+    """``latencyObjectiveMs``: the adaptive policy never waits past it."""
 
 
 class _RunnerEvents(PoolEvents):
@@ -77,7 +82,11 @@ class ModelRunner:
         self.settings = settings
         self.metrics = metrics or FerryMetrics(enabled=False).for_model(name, version)
         self.queue: BatchQueue[Job] = BatchQueue(
-            settings.batch_size, settings.max_batch_delay, settings.queue_capacity
+            settings.batch_size,
+            settings.max_batch_delay,
+            settings.queue_capacity,
+            policy=make_policy(settings.batch_policy, settings.latency_objective_ms),
+            on_dispatch=self.metrics.batch_released,
         )
         self.dispatcher = Dispatcher(name, self.queue, self.metrics, settings.response_timeout)
         self.pool = WorkerPool(
@@ -91,6 +100,13 @@ class ModelRunner:
             backoff=backoff,
         )
         self.max_workers = max(settings.max_workers, settings.workers)
+
+    def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
+        """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
+        self.queue.set_policy(make_policy(name, latency_objective_ms))
+        self.settings = dataclasses.replace(
+            self.settings, batch_policy=name, latency_objective_ms=latency_objective_ms
+        )
 
     @property
     def slots(self) -> list[WorkerSlot]:

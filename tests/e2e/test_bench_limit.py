@@ -29,6 +29,8 @@ def test_limit_report_on_the_demo_model(tmp_path: Path) -> None:
         "4",
         "--fractions",
         "0.1,0.4",
+        "--batch-policy",
+        "immediate",
         "--duration",
         "1",
         "--profile-seconds",
@@ -41,6 +43,7 @@ def test_limit_report_on_the_demo_model(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     out = tmp_path / "limit"
     report = json.loads((out / "limit.json").read_text())
+    assert report["spec"]["batch_policy"] == "immediate"
     assert sorted(report["costs_ms"], key=int) == ["1", "2", "4"]
     limits = report["bounds"]
     assert limits["floor_ms"] > report["round_trip_ms"] > 0

@@ -1,106 +1,218 @@
-"""The batching rules, with an injected clock: no sockets, no sleeps."""
+"""The batch policies and the queue they cut batches from, with an injected clock: no
+sockets, no sleeps."""
 
 from __future__ import annotations
-
-from functools import partial
 
 import pytest
 
 from ferry.errors import Overloaded
 from ferry.scheduling.assembler import BatchAssembler
-from ferry.scheduling.batch_policy import WaitingArrivalRate, decide
+from ferry.scheduling.batch_policy import (
+    AdaptivePolicy,
+    CostModel,
+    FixedWindowPolicy,
+    ImmediatePolicy,
+    QueueState,
+    RecentRate,
+    make_policy,
+)
+
+COSTS = CostModel()
+"""What ``_state`` hands policies; ``_learned`` fills it."""
 
 
-def _assembler(
-    batch_size: int = 4, max_delay: float = 0.05, capacity: int = 100
-) -> BatchAssembler[int]:
-    return BatchAssembler[int](batch_size, max_delay, capacity)
+def _state(now: float, queued: int, oldest: float = 0.0, **kwargs: float) -> QueueState:
+    values: dict[str, float] = {"worker_free_since": 0.0, "batch_size": 8, "max_delay": 0.05}
+    values.update(kwargs)
+    return QueueState(
+        now=now,
+        queued=queued,
+        oldest_arrival=oldest,
+        worker_free_since=values["worker_free_since"],
+        batch_size=int(values["batch_size"]),
+        max_delay=values["max_delay"],
+        costs=COSTS,
+    )
 
 
-def _build_load(queue: BatchAssembler[int], start: float, gap: float, count: int) -> float:
-    """Requests arriving every ``gap`` seconds while no worker takes them (workers busy)."""
-    now = start
-    for i in range(count):
-        queue.put(i, now)
+@pytest.fixture(autouse=True)
+def _no_costs_yet() -> None:
+    COSTS.seconds.clear()
+
+
+def _learned(policy: AdaptivePolicy, costs_ms: dict[int, float]) -> AdaptivePolicy:
+    for size, ms in costs_ms.items():
+        COSTS.observe(size, ms / 1000)
+    return policy
+
+
+def _arrivals(policy: AdaptivePolicy, start: float, rate: float, seconds: float) -> float:
+    """Arrivals every 1/rate seconds from ``start``; returns the time after the last."""
+    now, gap = start, 1 / rate
+    while now < start + seconds:
+        policy.arrived(now)
         now += gap
     return now
 
 
+# --- shared rules -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["adaptive", "immediate", "fixed_window"])
+def test_every_policy_sends_a_full_batch_and_waits_on_an_empty_queue(name: str) -> None:
+    policy = make_policy(name)
+    full = policy.decide(_state(0.0, 8))
+    assert full.dispatch and full.reason == "full"
+    empty = policy.decide(_state(0.0, 0))
+    assert not empty.dispatch and empty.wake_at is None
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="adaptive, immediate, fixed_window"):
+        make_policy("greedy")
+
+
+# --- immediate and fixed_window -------------------------------------------------------------
+
+
+def test_immediate_sends_whatever_is_queued() -> None:
+    decision = ImmediatePolicy().decide(_state(0.0, 1))
+    assert decision.dispatch and decision.reason == "idle_worker"
+
+
+def test_fixed_window_waits_the_delay_from_when_the_worker_took_the_first_request() -> None:
+    policy = FixedWindowPolicy()
+    # The request arrived at 0 while the worker was busy; the worker freed up at 0.1.
+    waiting = policy.decide(_state(0.1, 1, oldest=0.0, worker_free_since=0.1))
+    assert not waiting.dispatch and waiting.wake_at == pytest.approx(0.15)
+    # A request arriving at an idle worker: the window starts at its arrival.
+    idle = policy.decide(_state(0.2, 1, oldest=0.2, worker_free_since=0.1))
+    assert not idle.dispatch and idle.wake_at == pytest.approx(0.25)
+    late = policy.decide(_state(0.16, 3, oldest=0.0, worker_free_since=0.1))
+    assert late.dispatch and late.reason == "window"
+
+
+# --- adaptive ---------------------------------------------------------------------------
+
+
+def test_adaptive_without_evidence_never_waits() -> None:
+    decision = AdaptivePolicy().decide(_state(0.0, 1))
+    assert decision.dispatch and decision.reason == "idle_worker"
+
+
+def test_adaptive_sends_a_lone_request_at_once_when_batches_of_one_keep_up() -> None:
+    policy = _learned(AdaptivePolicy(), {1: 10.0, 8: 20.0})
+    now = _arrivals(policy, 0.0, rate=50.0, seconds=2.0)  # 50/s; batches of 1 do 100/s
+    decision = policy.decide(_state(now, 1, oldest=now))
+    assert decision.dispatch and decision.reason == "idle_worker"
+
+
+def test_adaptive_waits_for_the_smallest_batch_that_keeps_up() -> None:
+    policy = _learned(AdaptivePolicy(), {1: 10.0, 4: 12.0, 8: 20.0})  # 100, 333, 400/s
+    now = _arrivals(policy, 0.0, rate=300.0, seconds=1.0)
+    decision = policy.decide(_state(now, 1, oldest=now))
+    # Batches of 4 sustain 333/s >= 300/s: wait for three more arrivals (10 ms), no longer.
+    assert not decision.dispatch and decision.reason == "cost_model"
+    assert decision.wake_at == pytest.approx(now + 3 / 300, rel=0.05)
+    # With the three there, a batch of four keeps up: it goes.
+    assert policy.decide(_state(now + 0.01, 4, oldest=now)).reason == "idle_worker"
+
+
+def test_adaptive_never_waits_past_the_delay_bound_from_arrival() -> None:
+    policy = _learned(AdaptivePolicy(), {1: 10.0, 8: 20.0})
+    now = _arrivals(policy, 0.0, rate=1000.0, seconds=1.0)  # nothing keeps up: wait for 8
+    # Seven more arrivals would take 7 ms, but the oldest reaches the 50 ms bound in 5.
+    waiting = policy.decide(_state(now, 1, oldest=now - 0.045))
+    assert not waiting.dispatch and waiting.wake_at == pytest.approx(now + 0.005)
+    bound = policy.decide(_state(now + 0.005, 3, oldest=now - 0.045))
+    assert bound.dispatch and bound.reason == "delay_bound"
+
+
+def test_adaptive_forgets_a_burst_within_a_second() -> None:
+    policy = _learned(AdaptivePolicy(), {1: 30.0, 8: 60.0})  # 33/s alone, 133/s in eights
+    _arrivals(policy, 0.0, rate=800.0, seconds=0.2)  # 160 requests in a burst
+    assert not policy.decide(_state(0.25, 1, oldest=0.25)).dispatch  # still bursting
+    # Then lone requests: from 1 s after the burst, each goes at once.
+    for now in (1.25, 1.5, 2.0, 5.0):
+        policy.arrived(now)
+        decision = policy.decide(_state(now, 1, oldest=now))
+        assert decision.dispatch and decision.reason == "idle_worker", now
+
+
+def test_adaptive_keeps_the_oldest_request_within_the_latency_objective() -> None:
+    policy = _learned(AdaptivePolicy(latency_objective=0.03), {1: 10.0, 8: 20.0})
+    now = _arrivals(policy, 0.0, rate=1000.0, seconds=1.0)
+    # The oldest arrived 5 ms ago; a batch of 8 costs 20 ms: it may wait 5 ms more.
+    waiting = policy.decide(_state(now, 2, oldest=now - 0.005))
+    assert not waiting.dispatch and waiting.wake_at == pytest.approx(now + 0.005)
+    late = policy.decide(_state(now + 0.005, 3, oldest=now - 0.005))
+    assert late.dispatch and late.reason == "deadline"
+
+
+def test_recent_rate_counts_the_last_window_only() -> None:
+    rate = RecentRate(window=1.0)
+    assert rate.per_second(0.0) == 0.0
+    for step in range(100):
+        rate.add(step * 0.01)
+    assert rate.per_second(0.99) == pytest.approx(100.0)
+    assert rate.per_second(1.5) == pytest.approx(49.0)
+    assert rate.per_second(2.0) == 0.0
+
+
+def test_cost_model_learns_interpolates_and_claims_no_gain_beyond_evidence() -> None:
+    costs = CostModel(smoothing=0.5)
+    assert costs.cost(1) is None and costs.throughput(1) is None
+    costs.observe(1, 0.010)
+    costs.observe(1, 0.020)  # running mean: halfway
+    costs.observe(4, 0.030)
+    assert costs.cost(1) == pytest.approx(0.015)
+    assert costs.cost(2) == pytest.approx(0.020)  # a third of the way from 1 to 4
+    assert costs.cost(8) == pytest.approx(0.060)  # beyond 4: proportional
+    assert costs.throughput(4) == pytest.approx(4 / 0.030)
+    costs.observe(3, 0.0)  # nonsense timings are ignored
+    assert 3 not in costs.seconds
+    queue = BatchAssembler[int](4, 0.05, 10, AdaptivePolicy())
+    queue.batch_timed(1, 0.010)
+    described = queue.describe(0.0)
+    assert described["policy"] == "adaptive" and described["learnedCostMs"] == {"1": 10.0}
+
+
+# --- the queue ------------------------------------------------------------------------------
+
+
+def _queue(
+    batch_size: int = 4, capacity: int = 100, policy: str = "adaptive"
+) -> BatchAssembler[int]:
+    return BatchAssembler[int](batch_size, 0.05, capacity, make_policy(policy))
+
+
 def test_idle_worker_takes_a_lone_request_at_once() -> None:
-    queue = _assembler()
+    queue = _queue()
     queue.put(1, now=10.0)
-    assert queue.poll(now=10.0) == [1]
-
-
-def test_busy_workers_let_requests_accumulate_and_the_next_batch_takes_them_all() -> None:
-    queue = _assembler(batch_size=8)
-    now = _build_load(queue, 0.0, 0.001, 5)
-    # A worker frees up: it takes everything queued; nothing is left behind to wait.
-    assert queue.poll(now=now + 0.1) == [0, 1, 2, 3, 4]
-    assert len(queue) == 0
+    assert queue.poll(now=10.0) == ([1], "idle_worker")
 
 
 def test_batch_is_capped_at_batch_size_and_keeps_order() -> None:
-    queue = _assembler(batch_size=3)
-    _build_load(queue, 0.0, 0.001, 7)
+    queue = _queue(batch_size=3)
+    for i in range(7):
+        queue.put(i, i * 0.001)
     assert queue.take(now=1.0) == [0, 1, 2]
-    assert queue.take(now=1.0) == [3, 4, 5]
+    assert queue.poll(now=1.0) == ([3, 4, 5], "full")
     assert queue.take(now=1.0) == [6]
 
 
-def test_full_batch_goes_immediately_even_under_high_arrival_rate() -> None:
-    queue = _assembler(batch_size=4)
-    now = _build_load(queue, 0.0, 0.0001, 4)
-    assert queue.decision(now).dispatch
-
-
-def test_waits_for_more_when_requests_arrive_fast_while_others_wait() -> None:
-    queue = _assembler(batch_size=8, max_delay=0.05)
-    now = _build_load(queue, 0.0, 0.001, 20)  # 1000 req/s joined a waiting queue
-    queue.take(now)
-    queue.take(now)
-    queue.take(now)  # drained: 0 left
-    queue.put(100, now)
-    decision = queue.decision(now)
-    assert not decision.dispatch
-    assert decision.wake_at is not None and now < decision.wake_at <= now + 0.05
-
-
-def test_max_batch_delay_counts_from_the_oldest_arrival() -> None:
-    queue = _assembler(batch_size=100, max_delay=0.05)
-    now = _build_load(queue, 0.0, 0.001, 20)
-    while len(queue):
-        queue.take(now)
-    start = now
-    for i in range(50):  # a steady stream that never fills the batch
-        queue.put(i, start + i * 0.001)
-    assert not queue.decision(start + 0.045).dispatch
-    assert queue.decision(start + 0.05).dispatch  # the oldest has waited max_batch_delay
-    assert queue.poll(start + 0.05) == list(range(50))
-
-
-def test_stream_gone_quiet_dispatches_before_the_deadline() -> None:
-    queue = _assembler(batch_size=8, max_delay=1.0)
-    now = _build_load(queue, 0.0, 0.001, 20)
-    while len(queue):
-        queue.take(now)
-    queue.put(1, now)
-    # No arrival for many expected gaps (1 ms each): waiting will not pay.
-    assert queue.decision(now + 0.02).dispatch
-
-
 def test_closed_loop_single_client_never_waits() -> None:
-    # One client: each request arrives to an empty queue, after the previous one left.
-    queue = _assembler(batch_size=8, max_delay=0.05)
+    queue = _queue(batch_size=8)
     now = 0.0
     for i in range(100):
         queue.put(i, now)
-        assert queue.poll(now) == [i]
+        assert queue.poll(now) == ([i], "idle_worker")
+        queue.batch_timed(1, 0.002)
         now += 0.002
 
 
 def test_full_queue_is_refused() -> None:
-    queue = _assembler(capacity=2)
+    queue = _queue(capacity=2)
     queue.put(1, 0.0)
     queue.put(2, 0.0)
     with pytest.raises(Overloaded):
@@ -110,42 +222,8 @@ def test_full_queue_is_refused() -> None:
 
 
 def test_retried_jobs_go_back_to_the_front() -> None:
-    queue = _assembler(batch_size=2)
+    queue = _queue(batch_size=2)
     queue.put(3, 0.0)
     queue.put_front([1, 2], 0.1)
     assert queue.take(0.1) == [1, 2]
     assert queue.drain(0.2) == [3]
-
-
-def test_arrival_rate_counts_only_arrivals_into_a_waiting_queue() -> None:
-    rate = WaitingArrivalRate(half_life=100.0)
-    assert rate.per_second() == 0.0
-    rate.advance(0.0, queue_was_waiting=False)
-    rate.record_arrival(joined_waiting_queue=False)
-    assert rate.per_second() == 0.0
-    for step in range(1, 11):
-        rate.advance(step * 0.01, queue_was_waiting=True)
-        rate.record_arrival(joined_waiting_queue=True)
-    assert rate.per_second() == pytest.approx(100.0, rel=0.01)
-
-
-def test_decide_rules_in_isolation() -> None:
-    rule = partial(decide, oldest_arrival=0.0, last_arrival=0.0, batch_size=4, max_delay=0.1)
-    assert not rule(now=0.0, queued=0, arrival_rate=0.0).dispatch
-    assert rule(now=0.0, queued=1, arrival_rate=0.0).dispatch
-    assert rule(now=0.0, queued=4, arrival_rate=1e6).dispatch
-    assert rule(now=0.0, queued=1, arrival_rate=5.0).dispatch  # < 1 arrival expected
-    waiting = rule(now=0.0, queued=1, arrival_rate=100.0)
-    assert not waiting.dispatch and waiting.wake_at == pytest.approx(0.03)  # 3 gaps of 10 ms
-    assert rule(now=0.1, queued=1, arrival_rate=1e6).dispatch
-
-
-def test_arrival_rate_evidence_decays_with_time() -> None:
-    rate = WaitingArrivalRate(half_life=1.0)
-    for step in range(1, 11):
-        rate.advance(step * 0.01, queue_was_waiting=True)
-        rate.record_arrival(joined_waiting_queue=True)
-    busy = rate.per_second()
-    rate.advance(10.0, queue_was_waiting=False)  # ten half-lives of an idle, empty queue
-    rate.advance(10.001, queue_was_waiting=True)
-    assert rate.per_second() < busy / 2

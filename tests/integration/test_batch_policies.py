@@ -1,0 +1,99 @@
+"""Batch policies and deadlines on a real server: the policy in describe and its switch
+through the management API under load, a request shed at its deadline while a worker is
+busy, the reasons batches left, and bad deadline headers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.bench.load import LoadResult
+from tests.fixtures.gate import busy_worker
+from tests.fixtures.load import closed_loop
+from tests.fixtures.models import digest_archive
+from tests.fixtures.responses import assert_error
+from tests.fixtures.server import RunningServer, ferry_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("policies")
+    store = tmp / "store"
+    store.mkdir()
+    digest_archive(store, "echo", batchSize=4, maxBatchDelay=20)
+    digest_archive(store, "gated", batchSize=1, batchPolicy="fixed_window")
+    with ferry_server(store, ["echo.mar", "gated.mar"], tmp) as running:
+        yield running
+
+
+def _policy(client: httpx.Client, model: str) -> dict[str, object]:
+    (described,) = client.get(f"/models/{model}").json()
+    policy = described["batchPolicy"]
+    assert isinstance(policy, dict)
+    return policy
+
+
+def test_describe_shows_the_policy_from_model_config(server: RunningServer) -> None:
+    with server.management() as client:
+        assert _policy(client, "gated")["policy"] == "fixed_window"
+        echo = _policy(client, "echo")
+        assert echo["policy"] == "adaptive" and "learnedCostMs" in echo
+
+
+def test_switching_policy_under_load_drops_no_request(server: RunningServer) -> None:
+    results: list[LoadResult] = []
+    load = threading.Thread(
+        target=lambda: results.append(
+            closed_loop(server, "echo", [b"x"], concurrency=8, requests=600)
+        )
+    )
+    load.start()
+    with server.management() as client:
+        for policy in ("immediate", "fixed_window", "adaptive", "immediate"):
+            response = client.put("/models/echo", params={"batch_policy": policy})
+            assert response.status_code == 200, response.text
+            assert _policy(client, "echo")["policy"] == policy
+        bad = client.put("/models/echo", params={"batch_policy": "greedy"})
+        assert_error(bad, 400, "BadRequestException")
+    load.join(timeout=120)
+    (result,) = results
+    assert result.statuses == {200: 600}
+    with server.management() as client:
+        assert _policy(client, "echo")["policy"] == "immediate"
+        client.put("/models/echo", params={"batch_policy": "adaptive"})
+        learned = _policy(client, "echo")["learnedCostMs"]
+    assert isinstance(learned, dict) and learned  # the adaptive policy saw the batches
+
+
+def test_a_request_past_its_deadline_is_shed_while_the_worker_is_busy(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    with busy_worker(server, "gated", tmp_path / "gate") as held, server.client() as client:
+        # The only worker is held: this request cannot start, and is answered at its
+        # deadline, not when the worker frees up.
+        shed = client.post(
+            "/predictions/gated", content=b"late", headers={"x-ferry-deadline-ms": "200"}
+        )
+        assert_error(shed, 504, "DeadlineExceededException")
+        assert "deadline passed while it was queued" in shed.json()["message"]
+    assert held == [200]  # the request the worker held was answered
+    with server.client() as client:
+        ok = client.post(
+            "/predictions/gated", content=b"in time", headers={"x-ferry-deadline-ms": "60000"}
+        )
+        assert ok.status_code == 200
+        for bad in ("0", "-5", "soon", "inf"):
+            refused = client.post(
+                "/predictions/gated", content=b"x", headers={"x-ferry-deadline-ms": bad}
+            )
+            message = assert_error(refused, 400, "BadRequestException")
+            assert "x-ferry-deadline-ms must be a positive number" in message
+    metrics = server.metrics()
+    assert 'ferry_requests_shed_total{model_name="gated",model_version="1.0"} 1' in metrics
+    assert 'ferry_batch_dispatch_total{model_name="gated",model_version="1.0",reason="full"}' in (
+        metrics
+    )
