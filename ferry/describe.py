@@ -40,7 +40,6 @@ _TORCHSERVE_ONLY_FIELDS: dict[str, Any] = {
     # so clients that read them find them: retries, torchrun parallelism, job tickets,
     # per-model virtual environments, stateful sequences, continuous batching.
     "maxRetryTimeoutInSec": 300,
-    "clientTimeoutInMills": 0,
     "parallelType": "",
     "parallelLevel": 1,
     "continuousBatching": False,
@@ -72,6 +71,7 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
         "deviceIds": list(model.gpu_ids),
         "batchPolicy": model.batch_policy,
         **_TORCHSERVE_ONLY_FIELDS,
+        "clientTimeoutInMills": round(model.client_timeout_ms or 0),
         "loadedAtStartup": model.loaded_at_startup,
         "workers": [_worker_json(worker) for worker in model.workers],
         "ready": model.ready,

@@ -171,6 +171,8 @@ class FerryService:
             headers = {**headers, "explain": "True"}
         joined: list[bytes] = []
         budget = deadline_budget(headers)
+        if budget is None and runner.settings.client_timeout_ms is not None:
+            budget = runner.settings.client_timeout_ms / 1000
         job = Job(
             messages.RequestItem(request_id, headers, wire_parts),
             loop.create_future(),
@@ -296,6 +298,7 @@ class FerryService:
             queue_capacity=config.job_queue_size or settings.job_queue_size,
             batch_policy=config.batch_policy or "adaptive",
             latency_objective_ms=config.latency_objective_ms,
+            client_timeout_ms=config.client_timeout_ms,
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,

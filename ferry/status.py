@@ -55,6 +55,8 @@ class ModelStatus:
     """Seconds a worker may take to load the model."""
     gpu_ids: tuple[int, ...] = ()
     """The GPUs the workers use; none means they run on the CPU."""
+    client_timeout_ms: float | None = None
+    """``clientTimeoutInMills``: the deadline of requests that bring none."""
     batch_policy: dict[str, Any] = field(default_factory=dict)
     """The batch policy's name and state (``describe``: its learned cost curve)."""
 
@@ -96,5 +98,6 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         last_error=runner.last_error(),
         startup_timeout=runner.settings.startup_timeout,
         gpu_ids=runner.settings.gpu_ids,
+        client_timeout_ms=runner.settings.client_timeout_ms,
         batch_policy=runner.queue.describe(),
     )

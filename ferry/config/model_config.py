@@ -48,6 +48,7 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "startupTimeout": ("startup_timeout", number(0.0, above_low=True)),
     "batchPolicy": ("batch_policy", choice("adaptive", "immediate", "fixed_window")),
     "latencyObjectiveMs": ("latency_objective_ms", number(0.0, above_low=True)),
+    "clientTimeoutInMills": ("client_timeout_ms", number(0.0, above_low=True)),
 }
 
 
@@ -77,6 +78,10 @@ class ModelConfig:
     (``ferry.scheduling.batch_policy``)."""
     latency_objective_ms: float | None = None
     """Ferry: the adaptive policy never holds a request so long that it would miss this."""
+    client_timeout_ms: float | None = None
+    """TorchServe's ``clientTimeoutInMills``: every request's deadline unless it brings
+    its own (``x-ferry-deadline-ms``); TorchServe drops such requests silently, Ferry
+    answers them ``DeadlineExceeded``."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

@@ -39,6 +39,8 @@ class RunnerSettings:
     """``batchPolicy``: adaptive, immediate or fixed_window (``batch_policy``)."""
     latency_objective_ms: float | None = None
     """``latencyObjectiveMs``: the adaptive policy never waits past it."""
+    client_timeout_ms: float | None = None
+    """``clientTimeoutInMills``: the deadline of requests that bring none."""
 
 
 class _RunnerEvents(PoolEvents):

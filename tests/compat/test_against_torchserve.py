@@ -32,7 +32,7 @@ pytestmark = [
     ),
 ]
 
-FERRY_DESCRIBE_EXTRAS = {"ready", "loadError", "jobQueueSize", "deviceIds"}
+FERRY_DESCRIBE_EXTRAS = {"ready", "loadError", "jobQueueSize", "deviceIds", "batchPolicy"}
 """Fields Ferry's describe adds to TorchServe's (README, "Health and readiness")."""
 FERRY_WORKER_EXTRAS = {"device", "restarts", "lastError"}
 

@@ -26,7 +26,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     store.mkdir()
     digest_archive(store, "echo", batchSize=4, maxBatchDelay=20)
     digest_archive(store, "gated", batchSize=1, batchPolicy="fixed_window")
-    with ferry_server(store, ["echo.mar", "gated.mar"], tmp) as running:
+    digest_archive(store, "timed", clientTimeoutInMills=150)
+    with ferry_server(store, ["echo.mar", "gated.mar", "timed.mar"], tmp) as running:
         yield running
 
 
@@ -97,3 +98,15 @@ def test_a_request_past_its_deadline_is_shed_while_the_worker_is_busy(
     assert 'ferry_batch_dispatch_total{model_name="gated",model_version="1.0",reason="full"}' in (
         metrics
     )
+
+
+def test_torchserves_client_timeout_is_every_requests_deadline(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """TorchServe drops such a request without an answer; Ferry answers it."""
+    with server.management() as client:
+        (described,) = client.get("/models/timed").json()
+        assert described["clientTimeoutInMills"] == 150
+    with busy_worker(server, "timed", tmp_path / "gate"), server.client() as client:
+        shed = client.post("/predictions/timed", content=b"late")
+        assert_error(shed, 504, "DeadlineExceededException")

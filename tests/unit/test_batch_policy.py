@@ -227,3 +227,55 @@ def test_retried_jobs_go_back_to_the_front() -> None:
     queue.put_front([1, 2], 0.1)
     assert queue.take(0.1) == [1, 2]
     assert queue.drain(0.2) == [3]
+
+
+def test_two_idle_workers_each_take_their_own_request() -> None:
+    import asyncio
+
+    from ferry.scheduling.batch_queue import BatchQueue
+
+    clock = [0.0]
+    released: list[tuple[str, int]] = []
+
+    async def scenario() -> None:
+        queue = BatchQueue[int](
+            8,
+            0.05,
+            100,
+            lambda: clock[0],
+            make_policy("adaptive"),
+            on_dispatch=lambda r, n: released.append((r, n)),
+        )
+        first = asyncio.ensure_future(queue.take_batch())
+        second = asyncio.ensure_future(queue.take_batch())
+        await asyncio.sleep(0)  # both workers are waiting
+        queue.put(1)
+        done, pending = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        assert [task.result() for task in done] == [[1]]
+        queue.put(2)
+        (other,) = pending
+        assert await other == [2]
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert released == [("idle_worker", 1), ("idle_worker", 1)]
+
+
+def test_switching_policy_keeps_the_queue_and_wakes_waiting_workers() -> None:
+    import asyncio
+
+    from ferry.scheduling.batch_queue import BatchQueue
+
+    clock = [0.0]
+
+    async def scenario() -> None:
+        queue = BatchQueue[int](8, 10.0, 100, lambda: clock[0], make_policy("fixed_window"))
+        taking = asyncio.ensure_future(queue.take_batch())
+        queue.put(1)
+        queue.put(2)
+        await asyncio.sleep(0)
+        assert not taking.done()  # fixed_window: waits up to 10 s for the batch to fill
+        queue.set_policy(make_policy("immediate"))
+        assert await taking == [1, 2]
+        assert queue.policy.name == "immediate"
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
