@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+
 from benchmarks.common import ROOT, jpeg_inputs, machine_description, resnet18_archive
 
 RESULTS = ROOT / "benchmarks" / "results"
