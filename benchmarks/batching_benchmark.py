@@ -12,8 +12,6 @@ Run: ``python benchmarks/batching_benchmark.py``.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,31 +19,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
-from benchmarks.common import ROOT, jpeg_inputs, machine_description, resnet18_archive
+from benchmarks.common import (
+    ROOT,
+    ferry_bench_limit,
+    jpeg_inputs,
+    machine_description,
+    resnet18_archive,
+)
 from ferry.bench.load_report import plot_latency_against_load
 
 RESULTS = ROOT / "benchmarks" / "results"
-FERRY = str(Path(sys.executable).parent / "ferry")
 POLICIES = ("adaptive", "immediate", "fixed_window")
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 
 
 def limit(model: Path, inputs: list[Path], slo: str, out: Path, *extra: str) -> dict[str, Any]:
-    argv = [
-        FERRY,
-        "bench",
-        "limit",
-        str(model),
-        "--input",
-        ",".join(map(str, inputs)),
-        "--slo-p99",
-        slo,
-        "--out",
-        str(out),
-        *extra,
-    ]
-    subprocess.run(argv, check=True)
-    shutil.rmtree(out / "servers")  # the servers' logs and configs: not results
+    ferry_bench_limit(model, inputs, slo, out, *extra)
     report: dict[str, Any] = json.loads((out / "limit.json").read_text())
     return report
 

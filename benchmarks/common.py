@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import platform
 import random
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -191,3 +194,26 @@ def alternating_rounds(
         measured = ", ".join(f"{name} {figures[name][-1]:.1f}" for name in models)
         print(f"round {index + 1}: {measured} {unit}", flush=True)
     return figures
+
+
+def ferry_bench_limit(
+    model: Path, inputs: list[Path], slo: str, out: Path, *extra: str
+) -> list[str]:
+    """Run ``ferry bench limit`` (the console script beside this Python) into ``out``,
+    keep only its report (the servers' logs and configs are no results); the argv."""
+    argv = [
+        str(Path(sys.executable).parent / "ferry"),
+        "bench",
+        "limit",
+        str(model),
+        "--input",
+        ",".join(map(str, inputs)),
+        "--slo-p99",
+        slo,
+        "--out",
+        str(out),
+        *extra,
+    ]
+    subprocess.run(argv, check=True)
+    shutil.rmtree(out / "servers")
+    return argv

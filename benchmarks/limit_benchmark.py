@@ -8,37 +8,21 @@ introduces them with the machine and the commands. Run: ``python benchmarks/limi
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
-from benchmarks.common import ROOT, jpeg_inputs, machine_description, resnet18_archive
+from benchmarks.common import (
+    ROOT,
+    ferry_bench_limit,
+    jpeg_inputs,
+    machine_description,
+    resnet18_archive,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
-FERRY = str(Path(sys.executable).parent / "ferry")
-
-
-def limit(model: Path, inputs: list[Path], slo: str, out: Path, *extra: str) -> list[str]:
-    argv = [
-        FERRY,
-        "bench",
-        "limit",
-        str(model),
-        "--input",
-        ",".join(map(str, inputs)),
-        "--slo-p99",
-        slo,
-        "--out",
-        str(out),
-        *extra,
-    ]
-    subprocess.run(argv, check=True)
-    shutil.rmtree(out / "servers")  # the servers' logs and configs: not results
-    return argv
 
 
 def command_text(argv: list[str], work: Path) -> str:
@@ -50,7 +34,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         demo_store = ROOT / "examples" / "demo" / "model-store"
-        demo = limit(
+        demo = ferry_bench_limit(
             demo_store / "shapes.mar",
             [ROOT / "examples" / "demo" / "samples" / "star.png"],
             "50ms",
@@ -64,7 +48,9 @@ def main() -> None:
             path = work / f"image{index}.jpg"
             path.write_bytes(jpeg)
             images.append(path)
-        resnet = limit(archive, images, "1s", RESULTS / "limit_resnet18", "--duration", "15")
+        resnet = ferry_bench_limit(
+            archive, images, "1s", RESULTS / "limit_resnet18", "--duration", "15"
+        )
         commands = [command_text(demo, work), command_text(resnet, work)]
     (RESULTS / "limit.md").write_text(
         "# Limit reports: how far Ferry is from each model's limit on this machine\n\n"
