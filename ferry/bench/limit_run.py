@@ -154,9 +154,20 @@ def profile_costs(spec: LimitSpec, work: Path, say: Say) -> dict[int, dict[str, 
         "--out",
         str(out),
     ]
-    run = subprocess.run(
-        argv, env=worker_environment(os.environ), capture_output=True, text=True, check=False
-    )
+    # Each size times the handler and the model for profile_seconds, after loading: far
+    # less than this unless the profile hangs.
+    bound = 600 + 4 * len(sizes) * (spec.profile_seconds + 60)
+    try:
+        run = subprocess.run(
+            argv,
+            env=worker_environment(os.environ),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=bound,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"profiling did not finish within {bound:.0f} s") from None
     if run.returncode != 0:
         raise RuntimeError(f"profiling failed: {run.stderr.strip()[-500:]}")
     points = json.loads((out / "profile.json").read_text())["points"]
