@@ -10,7 +10,6 @@ own in one process: the server runs apart, and nothing here imports
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +35,9 @@ TENSOR_CONFIG = {
     "maxBatchDelay": 50,
     "tensor_metadata": TENSOR_METADATA,
 }
+# Full batches only: a batch leaves when 8 requests are in it (the window is far longer
+# than any test), so which requests share a batch does not depend on timing.
+WINDOWED_CONFIG = {**TENSOR_CONFIG, "batchPolicy": "fixed_window", "maxBatchDelay": 120_000}
 
 
 def _tensor_archive(store: Path, name: str, config: dict[str, Any]) -> str:
@@ -53,12 +55,16 @@ def _tensor_archive(store: Path, name: str, config: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """``tensors`` (batch 8, delay 50 ms); ``spare.mar`` (no minWorkers) in the store for
-    the model repository calls; the model API on, no keys."""
+    """``tensors`` (batch 8, delay 50 ms); ``windowed`` (full batches of 8); ``spare.mar``
+    (no minWorkers) in the store for the model repository calls; the model API on, no
+    keys."""
     tmp = tmp_path_factory.mktemp("grpc-oip")
     store = tmp / "store"
     store.mkdir()
-    models = [f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}"]
+    models = [
+        f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}",
+        f"windowed={_tensor_archive(store, 'windowed', WINDOWED_CONFIG)}",
+    ]
     _tensor_archive(store, "spare", {"tensor_metadata": TENSOR_METADATA})
     with ferry_server(store, models, tmp, "--enable-model-api") as running:
         yield running
@@ -171,33 +177,23 @@ def test_load_and_unload_through_the_model_repository(server: RunningServer) -> 
 
 
 def test_a_grpc_request_batches_with_rest_v2_requests(server: RunningServer) -> None:
-    """One gRPC request among REST V2 ones shares a batch with them: the handler got
-    more than one request in the gRPC request's batch, and the others were all REST."""
+    """One gRPC request and seven REST V2 ones fill one batch of eight together."""
     document = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
     values = np.ones((1, 2), dtype=np.float32)
-    client = _client(server)
 
-    def rest(start: threading.Barrier) -> None:
+    def rest() -> int:
         with server.client() as http:
-            start.wait()
-            response = http.post("/v2/models/tensors/infer", json=document)
-            assert response.status_code == 200, response.text
+            response = http.post("/v2/models/windowed/infer", json=document)
+        assert response.status_code == 200, response.text
+        (batch,) = [o for o in response.json()["outputs"] if o["name"] == "batch"]
+        return int(batch["data"][0])
 
-    def grpc_batch_size(start: threading.Barrier) -> int:
-        start.wait()
-        return int(client.infer("tensors", [_input("x", values)]).as_numpy("batch")[0])
+    def grpc() -> int:
+        return int(_client(server).infer("windowed", [_input("x", values)]).as_numpy("batch")[0])
 
-    sizes = []
     with ThreadPoolExecutor(8) as pool:
-        for _ in range(5):  # timing: usually the first round shares a batch
-            start = threading.Barrier(8)
-            rests = [pool.submit(rest, start) for _ in range(7)]
-            sizes.append(grpc_batch_size(start))
-            for future in rests:
-                future.result()
-            if sizes[-1] > 1:
-                break
-    assert max(sizes) > 1, sizes
+        futures = [pool.submit(grpc)] + [pool.submit(rest) for _ in range(7)]
+        assert [future.result() for future in futures] == [8] * 8
 
 
 # --- the inference key, and the model API switch ------------------------------------------
@@ -209,7 +205,10 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     tmp = tmp_path_factory.mktemp("grpc-oip-auth")
     store = tmp / "store"
     store.mkdir()
-    models = [f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}"]
+    models = [
+        f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}",
+        f"windowed={_tensor_archive(store, 'windowed', WINDOWED_CONFIG)}",
+    ]
     address = ("--grpc-inference-address", "0.0.0.0")
     with ferry_server(store, models, tmp, *address, auth=True) as running:
         yield running

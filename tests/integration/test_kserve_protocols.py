@@ -28,24 +28,33 @@ TENSOR_CONFIG = {
 }
 
 
-def _tensor_archive(store: Path) -> str:
-    scratch = store.parent / "tensor-src"
+# Full batches only: a batch leaves when 8 requests are in it (the window is far longer
+# than any test), so which requests share a batch does not depend on timing.
+WINDOWED_CONFIG = {**TENSOR_CONFIG, "batchPolicy": "fixed_window", "maxBatchDelay": 120_000}
+
+
+def _tensor_archive(store: Path, name: str, config: dict[str, object]) -> str:
+    scratch = store.parent / f"{name}-src"
     scratch.mkdir(exist_ok=True)
     spec = ArchiveSpec(
-        model_name="tensors",
+        model_name=name,
         handler=str(HANDLERS / "v2_tensor_handler.py"),
-        config_file=write_config(scratch, TENSOR_CONFIG),
+        config_file=write_config(scratch, config),
     )
     return write_archive(spec, store, force=True).name
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """``tensors`` (batch 8, delay 50 ms) and ``windowed`` (full batches of 8 only)."""
     tmp = tmp_path_factory.mktemp("kserve")
     store = tmp / "store"
     store.mkdir()
-    _tensor_archive(store)
-    with ferry_server(store, ["tensors=tensors.mar"], tmp, "--max-request-size", "4096") as srv:
+    models = [
+        f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}",
+        f"windowed={_tensor_archive(store, 'windowed', WINDOWED_CONFIG)}",
+    ]
+    with ferry_server(store, models, tmp, "--max-request-size", "4096") as srv:
         yield srv
 
 
@@ -117,18 +126,20 @@ def test_binary_bytes_inputs_arrive_base64_encoded(server: RunningServer) -> Non
 
 
 def test_requests_from_any_protocol_batch_together(server: RunningServer) -> None:
+    """Four V2 requests with JSON tensors and four with binary ones fill one batch of
+    eight: each is one request to the handler, however its tensors travelled."""
     from concurrent.futures import ThreadPoolExecutor
 
     values = np.ones((1, 2), dtype=np.float32)
 
-    def one(_: int) -> int:
-        client = _client(server)
-        result = client.infer("tensors", [_input("x", values, False)])
+    def v2(binary: bool) -> int:
+        result = _client(server).infer("windowed", [_input("x", values, binary)])
         return int(result.as_numpy("batch")[0])
 
     with ThreadPoolExecutor(8) as pool:
-        batch_sizes = list(pool.map(one, range(32)))
-    assert max(batch_sizes) > 1  # V2 requests shared batches; each was one request
+        futures = [pool.submit(v2, binary) for binary in [False, True] * 4]
+        batch_sizes = [future.result() for future in futures]
+    assert batch_sizes == [8] * 8
 
 
 def test_errors_are_v2_error_bodies(server: RunningServer) -> None:
@@ -194,7 +205,7 @@ def test_kservev2_envelope_runs_a_torchserve_handler_unchanged(enveloped: Runnin
 
 def test_kserve_v1_models_and_errors(server: RunningServer) -> None:
     with server.client() as http:
-        assert http.get("/v1/models").json() == {"models": ["tensors"]}
+        assert http.get("/v1/models").json() == {"models": ["tensors", "windowed"]}
         assert http.get("/v1/models/tensors").json() == {"name": "tensors", "ready": True}
         missing = http.get("/v1/models/nope")
         assert missing.status_code == 404 and missing.json() == {"error": "Model not found: nope"}

@@ -28,6 +28,7 @@ FAILING_NODE = PIPELINE_SPEC.replace(
     "  decuple: [aggregate]\n", "  decuple: [aggregate]\n  aggregate: [failing]\n"
 )
 UNLOADABLE = PIPELINE_SPEC.replace("url: decuple.mar", "url: missing.mar")
+WINDOWED = {"batchPolicy": "fixed_window", "maxBatchDelay": 120_000}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     unchecked_war(store, "cyclic", BROKEN_DAG)
     pipeline_war(store, "failing", FAILING_NODE)
     pipeline_war(store, "unloadable", UNLOADABLE)
+    # Full batches only (the window is far longer than any test): batching is certain.
+    pipeline_war(store, "windowed", prefix="windowed-", **WINDOWED)
     with ferry_server(store, [], tmp, "--enable-model-api") as running:
         yield running
 
@@ -66,21 +69,30 @@ def test_a_request_runs_through_every_node(server: RunningServer, pipeline: str)
     assert response.json() == {"double": [4.0, 6.0], "decuple": [20.0, 30.0]}
 
 
-def test_concurrent_requests_are_batched_in_each_node(server: RunningServer, pipeline: str) -> None:
-    payloads = [json.dumps([i]).encode() for i in range(24)]
-    url = f"{server.url}/wfpredict/{pipeline}"
-    result = asyncio.run(
-        run_closed_loop(url, payloads, concurrency=8, requests=24, keep_bodies=True)
-    )
-    assert result.statuses == {200: 24}
-    answers = {index: json.loads(body) for index, _, body in result.bodies}
-    assert answers == {
-        i: {"double": [2.0 * (i + 1)], "decuple": [10.0 * (i + 1)]} for i in range(24)
-    }
-    metrics = server.metrics()
-    requests = _value(metrics, "ferry_batch_size_sum", model_name="pipeline__double")
-    batches = _value(metrics, "ferry_batch_size_count", model_name="pipeline__double")
-    assert requests >= 24 and batches < requests  # some batches held several requests
+def test_concurrent_requests_are_batched_in_each_node(server: RunningServer) -> None:
+    """24 requests from 8 clients through nodes that batch 4 and send only full batches:
+    every answer right, and each model node ran exactly 6 batches of 4."""
+    with server.management() as api:
+        response = api.post("/workflows", params={"url": "windowed.war"})
+        assert response.status_code == 200, response.text
+    try:
+        payloads = [json.dumps([i]).encode() for i in range(24)]
+        url = f"{server.url}/wfpredict/windowed"
+        result = asyncio.run(
+            run_closed_loop(url, payloads, concurrency=8, requests=24, keep_bodies=True)
+        )
+        assert result.statuses == {200: 24}
+        answers = {index: json.loads(body) for index, _, body in result.bodies}
+        assert answers == {
+            i: {"double": [2.0 * (i + 1)], "decuple": [10.0 * (i + 1)]} for i in range(24)
+        }
+        metrics = server.metrics()
+        for node in ("windowed__double", "windowed__decuple"):
+            assert _value(metrics, "ferry_batch_size_sum", model_name=node) == 24
+            assert _value(metrics, "ferry_batch_size_count", model_name=node) == 6
+    finally:
+        with server.management() as api:
+            api.delete("/workflows/windowed")
 
 
 def test_describe_and_list(server: RunningServer, pipeline: str) -> None:
