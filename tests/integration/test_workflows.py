@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ FAILING_NODE = PIPELINE_SPEC.replace(
     "  decuple: [aggregate]\n", "  decuple: [aggregate]\n  aggregate: [failing]\n"
 )
 UNLOADABLE = PIPELINE_SPEC.replace("url: decuple.mar", "url: missing.mar")
-WINDOWED = {"batchPolicy": "fixed_window", "maxBatchDelay": 120_000}
+WINDOWED: dict[str, Any] = {"batchPolicy": "fixed_window", "maxBatchDelay": 120_000}
 
 
 @pytest.fixture(scope="module")
