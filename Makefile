@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint typecheck demo-model bench compat clean
+.PHONY: venv serve test check lint typecheck system-packages demo-model bench compat clean
 
 $(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
@@ -19,8 +19,12 @@ serve: $(STAMP)
 ## Lint, type-check and run the whole test suite (what CI runs).
 test: check
 
-check: $(STAMP) lint typecheck
+check: $(STAMP) lint typecheck system-packages
 	$(BIN)/pytest -q
+
+## HAProxy for the load-balancer tests (installed when root with apt-get, else they skip).
+system-packages:
+	bash scripts/system-packages.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check ferry tests benchmarks examples

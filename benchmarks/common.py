@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.loading import load_handler
 
 ROOT = Path(__file__).resolve().parents[1]
+HANDLERS = ROOT / "benchmarks" / "handlers"
 
 
 def machine_description() -> str:
@@ -84,6 +86,25 @@ def resnet18_archive(store: Path, batch_size: int, max_batch_delay_ms: int) -> s
             config_file=config,
         )
         return write_archive(spec, store, force=True).name
+
+
+def ts_style_resnet18_archive(store: Path, batch_size: int, max_batch_delay_ms: int) -> str:
+    """The same TorchScript ResNet-18 behind ``benchmarks/handlers/resnet_handler.py``
+    (PIL + torch, TorchServe's handler contract), which TorchServe runs too."""
+    scratch = store / ".ts-resnet18-src"
+    scratch.mkdir(parents=True, exist_ok=True)
+    resnet18_archive(scratch, batch_size, max_batch_delay_ms)
+    with zipfile.ZipFile(scratch / "resnet18.mar") as archive:
+        (scratch / "resnet18.pt").write_bytes(archive.read("resnet18.pt"))
+        (scratch / "model-config.yaml").write_bytes(archive.read("model-config.yaml"))
+    spec = ArchiveSpec(
+        "resnet18",
+        str(HANDLERS / "resnet_handler.py"),
+        serialized_file=scratch / "resnet18.pt",
+        config_file=scratch / "model-config.yaml",
+        extra_files=(HANDLERS / "resnet_pipeline.py",),
+    )
+    return write_archive(spec, store, force=True).name
 
 
 def noop_archive(store: Path, batch_size: int) -> str:

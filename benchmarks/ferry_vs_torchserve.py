@@ -27,26 +27,9 @@ from benchmarks.common import (
     machine_description,
     noop_archive,
     publish,
-    resnet18_archive,
+    ts_style_resnet18_archive,
 )
 from ferry.bench.servers import ServerConfig, start_server
-from ferry.store.writer import ArchiveSpec, write_archive
-
-HERE = Path(__file__).resolve().parent
-
-
-def handler_archive(store: Path) -> Path:
-    """ResNet-18 TorchScript with the TorchServe-style handler both servers run."""
-    resnet18_archive(store / "tmp", batch_size=1, max_batch_delay_ms=10)
-    import zipfile
-
-    with zipfile.ZipFile(store / "tmp" / "resnet18.mar") as zf:
-        weights = store / "tmp" / "resnet18.pt"
-        weights.write_bytes(zf.read("resnet18.pt"))
-    spec = ArchiveSpec(
-        "resnet18", str(HERE / "handlers" / "resnet_handler.py"), serialized_file=weights
-    )
-    return write_archive(spec, store, force=True)
 
 
 def measure(
@@ -67,7 +50,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ferry-vs-ts-"))
     store = tmp / "store"
     store.mkdir()
-    resnet = handler_archive(store)
+    resnet = store / ts_style_resnet18_archive(store, batch_size=1, max_batch_delay_ms=10)
     noop = store / noop_archive(store, batch_size=8)
     payloads = jpeg_inputs(64, 480)
     cases = [

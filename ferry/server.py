@@ -11,9 +11,12 @@ Start-up, in this order:
 3. Generated keys are written to the key file; the listeners serve; the start-up models
    load; once they are ready, the ready file gets the bound addresses.
 
-Shutdown: start-up model loading is cancelled, listeners stop (requests in flight get a
-few seconds), ``service.close()`` stops the workers (bounded by ``CLOSE_SECONDS``), and
-any child process still alive is killed. A signal while shutting down exits at once.
+Shutdown: start-up model loading is cancelled; once serving, readiness turns 503
+``Draining`` and the listeners go on serving for ``drain_delay`` seconds (for a load
+balancer to take the replica out); then listeners stop accepting (HTTP requests in flight
+get ``ferry.http.listener.DRAIN_SECONDS`` to finish), ``service.close()`` stops the
+workers (bounded by ``CLOSE_SECONDS``), and any child process still alive is killed. A
+signal while shutting down (the drain delay included) exits at once.
 
 Exit codes:
 
@@ -254,7 +257,18 @@ async def _start_up_then_serve(
     if settings.ready_file is not None:
         _write_ready_file(settings.ready_file, urls)
     await stop.requested.wait()
+    await _drain(service, settings.drain_delay)
     return 0
+
+
+async def _drain(service: FerryService, seconds: float) -> None:
+    """Readiness answers 503 ``Draining`` from now on; for ``seconds`` the listeners still
+    serve every request (each answer closing its connection), so that a load balancer's
+    health checks take this replica out before it stops accepting."""
+    service.draining = True
+    if seconds > 0:
+        log.info("draining: readiness is 503 for %.1f s, then the listeners close", seconds)
+        await asyncio.sleep(seconds)  # the drain delay itself: nothing to wait on but time
 
 
 async def _load_models(service: FerryService, stop: _StopSignals) -> bool:

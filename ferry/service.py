@@ -108,6 +108,26 @@ def deadline_budget(headers: dict[str, str]) -> float | None:
     return milliseconds / 1000
 
 
+PRIORITY_HEADER = "x-ferry-priority"
+"""A request's priority, an integer from -100 to 100 (default 0): queued requests of a
+higher priority go into the next batch first."""
+PRIORITY_RANGE = range(-100, 101)
+
+
+def request_priority(headers: dict[str, str]) -> int:
+    """The priority ``PRIORITY_HEADER`` asks for (0 without it); ``InvalidInput`` if bad."""
+    value = next((v for k, v in headers.items() if k.lower() == PRIORITY_HEADER), None)
+    if value is None:
+        return 0
+    try:
+        priority = int(value.strip())
+    except ValueError:
+        priority = PRIORITY_RANGE.stop
+    if priority not in PRIORITY_RANGE:
+        raise InvalidInput(f"{PRIORITY_HEADER} must be an integer from -100 to 100")
+    return priority
+
+
 class FerryService:
     """Predict, health and model management, independent of any transport."""
 
@@ -126,6 +146,8 @@ class FerryService:
         self._next_gpu = 0
         self._client_request_ids: set[str] = set()
         """Clients' ``x-request-id`` values in flight: the dispatcher keys jobs by id."""
+        self.draining = False
+        """Stopping: requests are still served, readiness says no (``drain_delay``)."""
 
     # --- data plane ----------------------------------------------------------------------
 
@@ -166,17 +188,19 @@ class FerryService:
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
+        budget = deadline_budget(headers)  # bad headers refused before the id is taken
+        priority = request_priority(headers)
         request_id = self._choose_request_id(headers.get("x-request-id", ""))
         if explain:
             headers = {**headers, "explain": "True"}
         joined: list[bytes] = []
-        budget = deadline_budget(headers)
         if budget is None and runner.settings.client_timeout_ms is not None:
             budget = runner.settings.client_timeout_ms / 1000
         job = Job(
             messages.RequestItem(request_id, headers, wire_parts),
             loop.create_future(),
             self._part_sink(request_id, on_part, joined),
+            priority=priority,
         )
         expiry = None
         if budget is not None:
@@ -248,6 +272,8 @@ class FerryService:
         """TorchServe's ``/ping`` rule over the models loaded at start-up: Healthy when each
         has its minimum workers running, Partial Healthy when some run, Unhealthy when none
         do. Models registered later do not change it; their readiness is per model."""
+        if self.draining:
+            return Health("Draining")
         if self._opening_startup_models:  # listeners serve before models are registered
             return Health("Unhealthy")
         expected = running = 0
@@ -264,6 +290,8 @@ class FerryService:
         entry = self.registry.get(model, version)
         runner = entry.runner
         ref = ModelRef(entry.archive.name, entry.archive.version)
+        if self.draining:
+            return Readiness(ref, False, "the server is shutting down")
         if runner.is_ready():
             return Readiness(ref, True)
         reason = runner.last_error() or (

@@ -79,11 +79,12 @@ class Health:
     """The server's health, by TorchServe's ``/ping`` rule."""
 
     status: str
-    """``Healthy``, ``Partial Healthy`` or ``Unhealthy``."""
+    """``Healthy``, ``Partial Healthy``, ``Unhealthy``, or ``Draining`` (stopping: still
+    serving what it gets, but a load balancer should send nothing more)."""
 
     @property
     def ok(self) -> bool:
-        return self.status != "Unhealthy"
+        return self.status not in ("Unhealthy", "Draining")
 
 
 @dataclass(frozen=True)

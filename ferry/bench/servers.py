@@ -47,7 +47,7 @@ class StartedServer:
     log_path: Path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     # TorchServe cannot report a port it picked itself, so ask the OS for one first.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -193,7 +193,7 @@ def start_server(
             raise ServerFailed("a precision other than fp32 is a Ferry setting")
         model = with_precision(model, config.precision, folder / "model")
     apis = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
-    ports = {api: _free_port() for api in apis}
+    ports = {api: free_port() for api in apis}
     properties = write_config(folder, model, config, ports)
     log_path = folder / "server.log"
     if kind == "ferry":

@@ -124,6 +124,11 @@ class ServerSettings:
     body_read_timeout: float = 60.0
     """Seconds a pending request body may go without a byte arriving (408 beyond)."""
     default_response_timeout: float = 120.0
+    drain_delay: float = 0.0
+    """Seconds between a stop signal and the listeners closing. Meanwhile readiness
+    (``/ping``, ``/ping/MODEL``, ``/v2/health/ready``) answers 503 ``Draining`` and every
+    response closes its connection, while requests are still served: the time a load
+    balancer's health checks need to take the replica out before it stops accepting."""
     """Seconds a worker may take for one batch before it is killed and replaced."""
     number_of_gpu: int | None = None
     """Use at most this many GPUs (all visible ones when unset)."""

@@ -61,6 +61,7 @@ def _finite(unit: str, *, zero_allowed: bool) -> Parser:
 
 _seconds = _finite("seconds", zero_allowed=False)
 _milliseconds = _finite("milliseconds", zero_allowed=True)
+_seconds_or_zero = _finite("seconds", zero_allowed=True)
 
 
 def _boolean(key: str, text: str) -> bool:
@@ -202,6 +203,7 @@ OPTIONS = (
     Option("header_timeout", "header_timeout", _seconds),
     Option("body_read_timeout", "body_read_timeout", _seconds),
     Option("default_response_timeout", "default_response_timeout", _seconds),
+    Option("drain_delay", "drain_delay", _seconds_or_zero),
     Option("default_batch_size", "default_batch_size", _integer(1)),
     Option("default_max_batch_delay", "default_max_batch_delay_ms", _milliseconds),
     Option("number_of_gpu", "number_of_gpu", _integer(0)),

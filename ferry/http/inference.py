@@ -59,7 +59,8 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
     async def ping(request: Request) -> Response:
         health = service.health()
         body = json.dumps({"status": health.status})
-        return Response(body, status_code=200 if health.ok else 500, media_type="application/json")
+        status = 200 if health.ok else 503 if health.status == "Draining" else 500
+        return Response(body, status_code=status, media_type="application/json")
 
     async def model_ready(request: Request) -> Response:
         """Per-model readiness for orchestrators: 200 once a worker can take requests."""

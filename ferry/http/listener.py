@@ -13,12 +13,12 @@ import os
 import socket
 import ssl
 import stat
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
@@ -149,12 +149,40 @@ def with_cors(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     )
 
 
+def closing_connections(app: ASGIApp, draining: Callable[[], bool]) -> ASGIApp:
+    """While the server drains, every response closes its connection: a load balancer
+    holding idle keep-alive connections to this replica loses them one answer at a time,
+    instead of all at once when the listener closes (when one might be carrying a
+    request)."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and draining():
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await app(scope, receive, send_closing)
+
+    return serve
+
+
 class HttpListener:
     """One API on one address: ``bind()``, then ``serve()`` until ``stop()``."""
 
-    def __init__(self, app: ASGIApp, address: Address, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        address: Address,
+        settings: ServerSettings,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.address = address
-        app = with_cors(without_trailing_slash(app), settings)
+        app = with_cors(without_trailing_slash(closing_connections(app, draining)), settings)
         self._server = _Uvicorn(_uvicorn_config(app, address, settings))
         self._socket: socket.socket | None = None
         self._serving = False
@@ -197,7 +225,7 @@ def inference_listener(
     app: ASGIApp = inference_app(apis.service, apis.workflows)
     if keys is not None and not address.is_loopback:
         app = TokenAuth(app, keys.inference)
-    return HttpListener(app, address, settings)
+    return HttpListener(app, address, settings, lambda: apis.service.draining)
 
 
 def management_listener(
@@ -206,11 +234,11 @@ def management_listener(
     app: ASGIApp = management_app(apis.service, apis.workflows)
     if keys is not None:
         app = TokenAuth(app, keys.management)
-    return HttpListener(app, address, settings)
+    return HttpListener(app, address, settings, lambda: apis.service.draining)
 
 
 def metrics_listener(
     address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> HttpListener:
     """Prometheus scrapes need no key."""
-    return HttpListener(metrics_app(apis.service), address, settings)
+    return HttpListener(metrics_app(apis.service), address, settings, lambda: apis.service.draining)

@@ -19,7 +19,9 @@ T = TypeVar("T")
 
 
 class BatchAssembler(Generic[T]):
-    """A bounded FIFO of jobs and the policy that cuts batches from it.
+    """A bounded queue of jobs and the policy that cuts batches from it. Jobs of a higher
+    priority go into batches first; within a priority, oldest first. The policy's delay
+    bound counts from the oldest job of any priority, so none waits past it for long.
 
     >>> queue = BatchAssembler[str](batch_size=2, max_delay=0.05, capacity=10)
     >>> queue.put("a", now=0.0)
@@ -36,32 +38,41 @@ class BatchAssembler(Generic[T]):
         self.policy = policy or make_policy("adaptive")
         self.costs = CostModel()
         """Batch costs seen, whatever the policy: what shedding by deadline consults."""
-        self._jobs: deque[tuple[float, T]] = deque()
+        self._levels: dict[int, deque[tuple[float, T]]] = {}
+        """Queued jobs by priority, each level oldest first; empty levels are removed."""
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._count
 
-    def put(self, job: T, now: float) -> None:
-        """Queue a job; raises ``Overloaded`` when the queue is full."""
-        if len(self._jobs) >= self.capacity:
+    def put(self, job: T, now: float, priority: int = 0) -> None:
+        """Queue a job; raises ``Overloaded`` when the queue is full (whatever the
+        priority: a full queue is a signal to the client, not a reason to drop another)."""
+        if self._count >= self.capacity:
             raise Overloaded(f"queue full ({self.capacity} requests waiting)")
         self.policy.arrived(now)
-        self._jobs.append((now, job))
+        self._levels.setdefault(priority, deque()).append((now, job))
+        self._count += 1
 
-    def put_front(self, jobs: Iterable[T], now: float) -> None:
-        """Return jobs to the head of the queue (a retry); capacity is not re-checked."""
+    def put_front(self, jobs: Iterable[T], now: float, priority: int = 0) -> None:
+        """Return jobs to the head of their priority (a retry); capacity is not re-checked."""
+        level = self._levels.setdefault(priority, deque())
         for job in reversed(list(jobs)):
-            self._jobs.appendleft((now, job))
+            level.appendleft((now, job))
+            self._count += 1
+
+    def _oldest_arrival(self) -> float:
+        return min(level[0][0] for level in self._levels.values())
 
     def decision(self, now: float, worker_free_since: float | None = None) -> Decision:
         """The policy's decision for a worker free since ``worker_free_since`` (now if
         None: a worker that just finished a batch)."""
-        if not self._jobs:
+        if not self._count:
             return Decision(dispatch=False)
         state = QueueState(
             now=now,
-            queued=len(self._jobs),
-            oldest_arrival=self._jobs[0][0],
+            queued=self._count,
+            oldest_arrival=self._oldest_arrival(),
             worker_free_since=now if worker_free_since is None else worker_free_since,
             batch_size=self.batch_size,
             max_delay=self.max_delay,
@@ -70,9 +81,19 @@ class BatchAssembler(Generic[T]):
         return self.policy.decide(state)
 
     def take(self, now: float) -> list[T]:
-        """Remove and return up to ``batch_size`` jobs, oldest first."""
-        count = min(self.batch_size, len(self._jobs))
-        return [self._jobs.popleft()[1] for _ in range(count)]
+        """Remove and return up to ``batch_size`` jobs: highest priority first, then
+        oldest first."""
+        batch: list[T] = []
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            while level and len(batch) < self.batch_size:
+                batch.append(level.popleft()[1])
+            if not level:
+                del self._levels[priority]
+            if len(batch) == self.batch_size:
+                break
+        self._count -= len(batch)
+        return batch
 
     def poll(self, now: float) -> tuple[list[T], str] | None:
         """The next batch and why it goes, if the policy says go now, else None."""
@@ -90,6 +111,7 @@ class BatchAssembler(Generic[T]):
 
     def drain(self, now: float) -> list[T]:
         """Remove every job (to fail them all)."""
-        jobs = [job for _, job in self._jobs]
-        self._jobs.clear()
+        jobs = [job for p in sorted(self._levels, reverse=True) for _, job in self._levels[p]]
+        self._levels.clear()
+        self._count = 0
         return jobs

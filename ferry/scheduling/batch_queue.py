@@ -22,8 +22,10 @@ class BatchQueue(Generic[T]):
         clock: Callable[[], float] = time.monotonic,
         policy: BatchPolicy | None = None,
         on_dispatch: Callable[[str, int], None] | None = None,
+        priority_of: Callable[[T], int] = lambda job: 0,
     ) -> None:
         self._assembler = BatchAssembler[T](batch_size, max_delay, capacity, policy)
+        self._priority_of = priority_of
         self._clock = clock
         self._waiters: list[asyncio.Future[None]] = []
         self._on_dispatch = on_dispatch
@@ -47,11 +49,16 @@ class BatchQueue(Generic[T]):
         self._waiters.clear()
 
     def put(self, job: T) -> None:
-        self._assembler.put(job, self._clock())
+        self._assembler.put(job, self._clock(), self._priority_of(job))
         self._wake_all()
 
     def put_front(self, jobs: Iterable[T]) -> None:
-        self._assembler.put_front(jobs, self._clock())
+        now = self._clock()
+        by_priority: dict[int, list[T]] = {}
+        for job in jobs:
+            by_priority.setdefault(self._priority_of(job), []).append(job)
+        for priority, level in by_priority.items():
+            self._assembler.put_front(level, now, priority)
         self._wake_all()
 
     def drain(self) -> list[T]:

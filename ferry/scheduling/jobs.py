@@ -58,6 +58,8 @@ class Job:
     """Arrival to first dispatch to a worker."""
     deadline: float | None = None
     """``time.monotonic()`` by which the client wants its answer (x-ferry-deadline-ms)."""
+    priority: int = 0
+    """Higher goes into a batch first (x-ferry-priority)."""
 
     def expire(self) -> None:
         """The deadline passed: answer now unless a worker already has the request."""

@@ -89,6 +89,7 @@ class ModelRunner:
             settings.queue_capacity,
             policy=make_policy(settings.batch_policy, settings.latency_objective_ms),
             on_dispatch=self.metrics.batch_released,
+            priority_of=lambda job: job.priority,
         )
         self.dispatcher = Dispatcher(name, self.queue, self.metrics, settings.response_timeout)
         self.pool = WorkerPool(

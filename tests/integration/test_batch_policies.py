@@ -5,7 +5,7 @@ busy, the reasons batches left, and bad deadline headers."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +15,7 @@ from ferry.bench.load import LoadResult
 from tests.fixtures.gate import busy_worker
 from tests.fixtures.load import closed_loop
 from tests.fixtures.models import digest_archive
+from tests.fixtures.polling import wait_until
 from tests.fixtures.responses import assert_error
 from tests.fixtures.server import RunningServer, ferry_server
 
@@ -110,3 +111,52 @@ def test_torchserves_client_timeout_is_every_requests_deadline(
     with busy_worker(server, "timed", tmp_path / "gate"), server.client() as client:
         shed = client.post("/predictions/timed", content=b"late")
         assert_error(shed, 504, "DeadlineExceededException")
+
+
+def test_a_higher_priority_request_overtakes_queued_ones(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """With the only worker busy, three requests queue: the one sent last with
+    x-ferry-priority 5 runs first, then the others in their order of arrival."""
+    finished: list[str] = []
+
+    def send(name: str, priority: str | None) -> None:
+        headers = {} if priority is None else {"x-ferry-priority": priority}
+        response = httpx.post(
+            f"{server.url}/predictions/gated", content=name.encode(), headers=headers, timeout=120
+        )
+        assert response.status_code == 200, response.text
+        finished.append(name)
+
+    def queued(count: int) -> Callable[[], bool]:
+        return lambda: _gauge(server.metrics(), "ferry_queue_depth", "gated") == count
+
+    senders = []
+    with busy_worker(server, "gated", tmp_path / "gate"):
+        for name, priority in (("first", None), ("second", "0"), ("urgent", "5")):
+            sender = threading.Thread(target=send, args=(name, priority))
+            sender.start()
+            senders.append(sender)
+            # each request queued before the next is sent
+            wait_until(f"{len(senders)} requests queued", queued(len(senders)))
+    for sender in senders:
+        sender.join(timeout=120)
+    assert finished == ["urgent", "first", "second"]
+
+
+def test_bad_priorities_are_refused(server: RunningServer) -> None:
+    with server.client() as client:
+        for bad in ("high", "101", "-101", "1.5", ""):
+            refused = client.post(
+                "/predictions/echo", content=b"x", headers={"x-ferry-priority": bad}
+            )
+            message = assert_error(refused, 400, "BadRequestException")
+            assert "x-ferry-priority must be an integer from -100 to 100" in message
+        ok = client.post("/predictions/echo", content=b"x", headers={"x-ferry-priority": "-100"})
+        assert ok.status_code == 200
+
+
+def _gauge(metrics: str, name: str, model: str) -> float:
+    prefix = f'{name}{{model_name="{model}",model_version="1.0"}} '
+    (line,) = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(line.removeprefix(prefix))

@@ -279,3 +279,51 @@ def test_switching_policy_keeps_the_queue_and_wakes_waiting_workers() -> None:
         assert queue.policy.name == "immediate"
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_higher_priorities_go_first_and_each_priority_keeps_its_order() -> None:
+    queue = _queue(batch_size=3)
+    for now, (job, priority) in enumerate([(1, 0), (2, 0), (3, 5), (4, -1), (5, 5), (6, 0)]):
+        queue.put(job, float(now), priority)
+    assert queue.take(10.0) == [3, 5, 1]
+    assert queue.take(10.0) == [2, 6, 4]
+    assert len(queue) == 0
+
+
+def test_the_delay_bound_counts_from_the_oldest_request_of_any_priority() -> None:
+    queue = _queue(batch_size=4, policy="fixed_window")
+    queue.put(1, now=0.0, priority=0)
+    queue.put(2, now=0.04, priority=3)
+    assert not queue.decision(0.049, worker_free_since=0.0).dispatch
+    decision = queue.decision(0.05, worker_free_since=0.0)
+    assert decision.dispatch and decision.reason == "window"
+    assert queue.take(0.05) == [2, 1]
+
+
+def test_a_full_queue_refuses_every_priority_and_retries_keep_theirs() -> None:
+
+    queue = _queue(batch_size=2, capacity=2)
+    queue.put(1, 0.0, priority=0)
+    queue.put(2, 0.0, priority=0)
+    with pytest.raises(Overloaded):
+        queue.put(3, 0.0, priority=100)
+    assert queue.take(0.0) == [1, 2]
+    queue.put(4, 0.1, priority=0)
+    queue.put_front([2], 0.2, priority=9)  # a retried high-priority job: still first
+    assert queue.take(0.2) == [2, 4]
+    queue.put(5, 0.3, priority=1)
+    queue.put(6, 0.3, priority=0)
+    assert queue.drain(0.4) == [5, 6]
+
+
+def test_the_asyncio_queue_files_each_job_under_its_own_priority() -> None:
+    from ferry.scheduling.batch_queue import BatchQueue
+
+    queue = BatchQueue[int](
+        4, 0.0, 100, lambda: 0.0, make_policy("immediate"), priority_of=lambda job: job // 10
+    )
+    for job in (1, 22, 13):
+        queue.put(job)
+    queue.put_front([35, 2])  # retried: each back under its priority, ahead of its level
+    assert queue.take_ready() == [35, 22, 13, 2]
+    assert queue.take_ready() == [1]
