@@ -21,7 +21,7 @@ Needs TorchServe (``scripts/torchserve-venv.sh``) and Triton (``scripts/triton-v
 a server that is missing is reported as such and the others still run. Writes
 ``benchmarks/results/batching_peers.md`` and ``batching_peers.png``, each limit report
 under ``benchmarks/results/batching_peers/``. Run: ``python benchmarks/batching_peers.py``
-(about 25 minutes here).
+(about 25 minutes here; ``--reuse`` keeps the sweeps a previous run saved).
 """
 
 from __future__ import annotations
@@ -232,13 +232,45 @@ def sweep(server: str, work: Workload, rates: str | None, out: Path) -> dict[str
         policy = server.split(" ")[1]
         extra = ["--batch-policy", policy, "--content-type", "image/jpeg", *common]
         ferry_bench_limit(work.archive, work.jpegs, SLO, out, *extra)
-    else:
+    elif server == "torchserve":
         # The round trip is not measured here (the table's ideal is Ferry adaptive's).
         with tempfile.TemporaryDirectory() as tmp, serving(server, work, Path(tmp)) as target:
             extra = ["--url", target.url, "--content-type", target.content_type, *common]
             ferry_bench_limit(work.archive, target.inputs, SLO, out, *extra)
+    else:
+        if rates is None:
+            raise ValueError("Triton runs at the rates of a Ferry sweep")
+        external_sweep(server, work, [float(r) for r in rates.split(",")], out)
     report: dict[str, Any] = json.loads((out / "limit.json").read_text())
     return report
+
+
+def external_sweep(server: str, work: Workload, rates: list[float], out: Path) -> None:
+    """What ``ferry bench limit --url`` measures (peak at 2 batches of clients, then each
+    rate open loop, same seed), for a server whose requests are not the archive's inputs
+    (Triton's V2 JSON): limit would profile the archive with them."""
+    points = []
+    with tempfile.TemporaryDirectory() as tmp, serving(server, work, Path(tmp)) as target:
+        clients = 2 * BATCH
+        _load(target, concurrency=clients, requests=10 * clients)  # warm-up
+        peak = _load(target, concurrency=clients, duration=float(SECONDS_PER_RATE))
+        print(f"{server}: peak {peak.throughput:.1f} req/s", flush=True)
+        for rate in rates:
+            result = _load(target, rate=rate, duration=float(SECONDS_PER_RATE), seed=0)
+            ok = bool(result.latencies_ms)
+            points.append(
+                {
+                    "offered": rate,
+                    "goodput": result.throughput,
+                    "p50_ms": result.latency_ms(50) if ok else None,
+                    "p99_ms": result.latency_ms(99) if ok else None,
+                    "error_rate": result.error_rate,
+                }
+            )
+            print(f"{server}: offered {rate:.1f}: {points[-1]}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"peak_goodput": peak.throughput, "peak_clients": clients, "points": points}
+    (out / "limit.json").write_text(json.dumps(report, indent=1))
 
 
 def _load(target: Target, **shape: Any) -> LoadResult:
@@ -466,17 +498,35 @@ def plot(reports: dict[str, dict[str, Any]]) -> None:
     )
 
 
+def saved_rates() -> str | None:
+    """The offered rates of a sweep a previous run saved: a server measured again runs
+    at the same rates as the others."""
+    for server in SERVERS:
+        saved = FOLDER / server.replace(" ", "_") / "limit.json"
+        if saved.exists():
+            points = json.loads(saved.read_text())["points"]
+            return ",".join(f"{p['offered']:.3f}" for p in points)
+    return None
+
+
 def main() -> None:
+    # --reuse: keep what a previous run saved under FOLDER (sweeps, traces, no-op figures)
+    # and measure the rest.
+    reuse = "--reuse" in sys.argv[1:]
     reports: dict[str, dict[str, Any]] = {}
     trace_figures: dict[str, TraceFigures] = {}
     missing: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = prepare(Path(tmp))
-        rates: str | None = None
+        rates = saved_rates() if reuse else None
         for server in SERVERS:
             out = FOLDER / server.replace(" ", "_")
             try:
-                reports[server] = sweep(server, work, rates, out)
+                saved = out / "limit.json"
+                if reuse and saved.exists():
+                    reports[server] = json.loads(saved.read_text())
+                else:
+                    reports[server] = sweep(server, work, rates, out)
             except (ServerFailed, subprocess.CalledProcessError) as error:
                 missing[server] = str(error)
                 print(f"{server}: {error}", flush=True)
@@ -485,9 +535,20 @@ def main() -> None:
                 rates = ",".join(f"{p['offered']:.3f}" for p in reports[server]["points"])
         peak = 0.9 * reports["ferry adaptive"]["bounds"]["ceiling_sequential"]
         for server in reports:
+            saved = FOLDER / server.replace(" ", "_") / "traces.json"
+            if reuse and saved.exists():
+                trace_figures[server] = TraceFigures(**json.loads(saved.read_text()))
+                continue
             trace_figures[server] = traces(server, work, peak, Path(tmp) / f"trace-{server}")
+            saved.write_text(json.dumps(dataclasses.asdict(trace_figures[server])))
             print(f"traces {server}: {trace_figures[server]}", flush=True)
-        noop = noop_throughput(work, [s for s in reports if s in NOOP_SERVERS])
+        saved_noop = FOLDER / "noop.json"
+        noop: dict[tuple[str, int], list[float]] = {}
+        if reuse and saved_noop.exists():
+            noop = {(s, int(c)): v for s, c, v in json.loads(saved_noop.read_text())}
+        todo = [s for s in reports if s in NOOP_SERVERS and (s, 16) not in noop]
+        noop |= noop_throughput(work, todo) if todo else {}
+        saved_noop.write_text(json.dumps([[s, c, v] for (s, c), v in noop.items()]))
     write_report(reports, trace_figures, noop, missing)
 
 
