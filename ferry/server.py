@@ -255,7 +255,7 @@ async def _start_up_then_serve(
         log.info("%s API listening on %s", name, url)
     _log_models(service)
     if settings.ready_file is not None:
-        _write_ready_file(settings.ready_file, urls)
+        write_ready_file(settings.ready_file, urls)
     await stop.requested.wait()
     await _drain(service, settings.drain_delay)
     return 0
@@ -305,7 +305,7 @@ def _log_models(service: FerryService) -> None:
         )
 
 
-def _write_ready_file(path: Path, addresses: dict[str, str]) -> None:
+def write_ready_file(path: Path, addresses: dict[str, str]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(addresses))
     tmp.replace(path)  # atomic: a reader never sees half a file

@@ -433,6 +433,22 @@ class FerryService:
             )
         self._snapshot_changed("startup")
 
+    def startup_archives(self) -> list[tuple[str, ModelArchive]]:
+        """The start-up models as ``load_models`` entries naming one version each, with
+        their archives opened (``models`` JSON applied) but nothing started: what
+        ``ferry serve --ray`` deploys, each to replicas that load it themselves."""
+        store, entries = self.settings.model_store, self.settings.models
+        if not entries:
+            return []
+        if store is None:
+            raise ConfigError("--models needs --model-store")
+        opened = []
+        for name, relative in self._startup_entries(store, entries):
+            archive = self._open_startup_model(store, name, relative)
+            if archive is not None:
+                opened.append((f"{archive.name}={relative}", archive))
+        return opened
+
     def _startup_entries(
         self, store: Path, entries: tuple[str, ...]
     ) -> list[tuple[str | None, str]]:

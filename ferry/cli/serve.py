@@ -48,6 +48,15 @@ def add_parser(commands: Any) -> None:
         else:
             parser.add_argument(option.flag_name, dest=option.key, help=help_text)
     _add_torchserve_flags(parser)
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="serve the start-up models as a Ray Serve application: on the Ray cluster at "
+        "ADDRESS ('auto': the one on this machine), or on a local Ray without it; needs "
+        "the 'ray' extra: pip install 'ferry-serve[ray]'",
+    )
     parser.set_defaults(run=run)
 
 
@@ -144,9 +153,13 @@ def _serve(args: argparse.Namespace) -> int:
             apply_log_config(args.log_config)
         except (OSError, ValueError) as error:
             raise ConfigError(f"--log-config {args.log_config}: {error}") from None
-    settings = restore_snapshot(settings)  # a source like the others, once logging is set
     if settings.model_store is not None and not settings.model_store.is_dir():
         raise ConfigError(f"model store {settings.model_store} is not a folder")
+    if args.ray is not None:
+        from ferry.ray_serve.app import run_on_ray
+
+        return run_on_ray(settings, args.ray or None)  # snapshots: the Ray application's
+    settings = restore_snapshot(settings)  # a source like the others, once logging is set
     return _run_loop(run_server(settings))
 
 

@@ -156,12 +156,12 @@ def closing_connections(app: ASGIApp, draining: Callable[[], bool]) -> ASGIApp:
     request)."""
 
     async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not draining():  # the usual case costs one call
             await app(scope, receive, send)
             return
 
         async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and draining():
+            if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
                 message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)

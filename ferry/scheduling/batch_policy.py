@@ -6,8 +6,8 @@ happens (``arrived``, ``batch_timed``). Three policies, chosen per model
 
 ``adaptive`` (the default)
     Work-conserving unless waiting pays. With q requests queued and arrivals at rate λ
-    (requests in the last ``RATE_WINDOW`` seconds: it forgets a burst within that
-    window), batches of q keep up when q / cost(q) >= λ, and then the batch goes now: a
+    (requests in the last ``RATE_WINDOW`` seconds, or less when the last few arrivals
+    are spread out: a lull after a burst shows at once), batches of q keep up when q / cost(q) >= λ, and then the batch goes now: a
     lone request at low load never waits. Only when they cannot keep up does it wait,
     for the arrivals that make the smallest batch b that can (b / cost(b) >= λ), and
     never past ``maxBatchDelay`` from the oldest request's arrival, nor past the point
@@ -32,6 +32,10 @@ from typing import Any, Protocol
 POLICIES = ("adaptive", "immediate", "fixed_window")
 RATE_WINDOW = 1.0
 """Seconds of arrivals the adaptive policy's rate counts: a burst is forgotten within it."""
+RECENT_ARRIVALS = 3
+"""Arrivals the adaptive policy's short-term rate spans, up to now: right after a burst,
+the silence since its last arrivals shows the rate has dropped long before the window
+forgets the burst."""
 COST_SMOOTHING = 0.2
 """Weight of a new batch timing in its size's running cost."""
 
@@ -126,6 +130,16 @@ class RecentRate:
         self._forget(now)
         return len(self._times) / self.window
 
+    def current(self, now: float) -> float:
+        """The lower of the window's rate and the rate of the last ``RECENT_ARRIVALS``
+        arrivals counted up to now: a rate that has just fallen shows at once, one that
+        rises shows within the window."""
+        window_rate = self.per_second(now)
+        if len(self._times) < RECENT_ARRIVALS:
+            return window_rate
+        span = now - self._times[-RECENT_ARRIVALS]
+        return window_rate if span <= 0 else min(window_rate, RECENT_ARRIVALS / span)
+
     def _forget(self, now: float) -> None:
         while self._times and self._times[0] <= now - self.window:
             self._times.popleft()
@@ -186,7 +200,7 @@ class AdaptivePolicy:
         bound = state.oldest_arrival + state.max_delay
         if state.now >= bound:
             return Decision(dispatch=True, reason="delay_bound")
-        rate = self.rate.per_second(state.now)
+        rate = self.rate.current(state.now)
         costs = state.costs
         keeps_up = costs.throughput(state.queued)
         if rate <= 0 or keeps_up is None or keeps_up >= rate:
@@ -204,7 +218,7 @@ class AdaptivePolicy:
     def describe(self, now: float) -> dict[str, Any]:
         return {
             "policy": self.name,
-            "arrivalsPerSecond": self.rate.per_second(now),
+            "arrivalsPerSecond": self.rate.current(now),
             "latencyObjectiveMs": (
                 None if self.latency_objective is None else self.latency_objective * 1000
             ),

@@ -145,7 +145,8 @@ def test_adaptive_keeps_the_oldest_request_within_the_latency_objective() -> Non
     # The oldest arrived 5 ms ago; a batch of 8 costs 20 ms: it may wait 5 ms more.
     waiting = policy.decide(_state(now, 2, oldest=now - 0.005))
     assert not waiting.dispatch and waiting.wake_at == pytest.approx(now + 0.005)
-    late = policy.decide(_state(now + 0.005, 3, oldest=now - 0.005))
+    later = _arrivals(policy, now, rate=1000.0, seconds=0.005)  # arrivals go on meanwhile
+    late = policy.decide(_state(later, 3, oldest=now - 0.005))
     assert late.dispatch and late.reason == "deadline"
 
 
@@ -157,6 +158,30 @@ def test_recent_rate_counts_the_last_window_only() -> None:
     assert rate.per_second(0.99) == pytest.approx(100.0)
     assert rate.per_second(1.5) == pytest.approx(49.0)
     assert rate.per_second(2.0) == 0.0
+
+
+def test_the_current_rate_drops_at_once_when_arrivals_thin_out() -> None:
+    rate = RecentRate(window=1.0)
+    for step in range(100):
+        rate.add(step * 0.01)  # 100/s until 0.99
+    assert rate.current(0.995) == pytest.approx(100.0)  # the window: a steady stream
+    # 0.3 s of silence, then one arrival: the last three span 0.32 s, not 0.02.
+    rate.add(1.29)
+    assert rate.current(1.29) == pytest.approx(3 / (1.29 - 0.98))
+    assert rate.per_second(1.29) == pytest.approx(71.0)  # the window still counts the burst
+
+
+def test_a_lone_request_right_after_a_burst_is_not_held_back() -> None:
+    """The defect this policy replaced: after a burst, lone requests waited up to the full
+    delay for company that no longer came."""
+    policy = _learned(AdaptivePolicy(), {1: 30.0, 2: 35.0, 4: 45.0, 8: 60.0})
+    end = _arrivals(policy, 0.0, rate=100.0, seconds=1.0)
+    during = policy.decide(_state(end - 0.005, 1, oldest=end - 0.005))
+    assert not during.dispatch  # mid-burst, a lone request waits for a bigger batch
+    lone = end + 0.25
+    policy.arrived(lone)
+    after = policy.decide(_state(lone, 1, oldest=lone))
+    assert after.dispatch and after.reason == "idle_worker"
 
 
 def test_cost_model_learns_interpolates_and_claims_no_gain_beyond_evidence() -> None:

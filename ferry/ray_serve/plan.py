@@ -1,0 +1,132 @@
+"""How each model version becomes a Ray Serve deployment: pure logic over its
+model-config.yaml, no Ray import.
+
+- Replicas stand for workers: each replica runs one Ferry worker, so ``minWorkers``
+  replicas run, and with ``maxWorkers`` above it Ray Serve autoscales between the two on
+  ongoing requests (``target_ongoing_requests``: one batch per replica).
+- A replica asks Ray for one CPU, and one GPU when ``deviceType`` is ``gpu``.
+- A ``ray:`` section in model-config.yaml overrides any of it with Ray Serve's own keys:
+  ``num_replicas``, ``autoscaling_config``, ``ray_actor_options``, ``max_ongoing_requests``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ferry.config.model_config import ModelConfig
+from ferry.errors import ModelConfigError
+
+RAY_KEYS = ("num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests")
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    name: str
+    version: str
+    entry: str
+    """The ``load_models`` entry each replica loads (``NAME=ARCHIVE``)."""
+    num_replicas: int | None
+    """Fixed replica count; None when autoscaling."""
+    autoscaling: dict[str, Any] | None
+    actor_options: dict[str, Any]
+    max_ongoing_requests: int
+    """Requests Ray sends one replica at once: Ferry's own queue takes the rest of the
+    load's shape (batches, 503 when full), so this is its queue plus a batch."""
+    batch_size: int
+    max_batch_delay_ms: float
+
+    @property
+    def deployment(self) -> str:
+        """The Ray deployment name: the model and version, in Ray's allowed characters."""
+        return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.name}_v{self.version}")
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of Ray Serve's ``Deployment.options``."""
+        options: dict[str, Any] = {
+            "name": self.deployment,
+            "ray_actor_options": dict(self.actor_options),
+            "max_ongoing_requests": self.max_ongoing_requests,
+        }
+        if self.autoscaling is not None:
+            options["autoscaling_config"] = dict(self.autoscaling)
+        else:
+            options["num_replicas"] = self.num_replicas
+        return options
+
+    def scaled(self, min_replicas: int, max_replicas: int | None = None) -> DeploymentPlan:
+        """The management API's scale call: ``min_worker`` / ``max_worker`` as replicas."""
+        top = max(max_replicas or min_replicas, min_replicas)
+        if top > min_replicas:
+            autoscaling = {**(self.autoscaling or {}), "min_replicas": min_replicas}
+            autoscaling["max_replicas"] = top
+            autoscaling.setdefault("target_ongoing_requests", self.batch_size)
+            return replace(self, num_replicas=None, autoscaling=autoscaling)
+        return replace(self, num_replicas=min_replicas, autoscaling=None)
+
+
+def plan_for(
+    entry: str,
+    name: str,
+    version: str,
+    config: ModelConfig,
+    *,
+    queue_size: int,
+    default_batch_size: int,
+    default_max_batch_delay_ms: float,
+) -> DeploymentPlan:
+    """The deployment of one model version; ``ModelConfigError`` for a bad ``ray:``."""
+    section = _ray_section(config, name)
+    batch_size = config.batch_size or default_batch_size
+    delay = (
+        config.max_batch_delay_ms
+        if config.max_batch_delay_ms is not None
+        else default_max_batch_delay_ms
+    )
+    low = 1 if config.min_workers is None else config.min_workers
+    high = max(config.max_workers or low, low)
+    plan = DeploymentPlan(
+        name=name,
+        version=version,
+        entry=entry,
+        num_replicas=low,
+        autoscaling=None,
+        actor_options={"num_cpus": 1, "num_gpus": 1 if config.device_type == "gpu" else 0},
+        max_ongoing_requests=(config.job_queue_size or queue_size) + batch_size,
+        batch_size=batch_size,
+        max_batch_delay_ms=delay,
+    )
+    if high > low:
+        plan = plan.scaled(low, high)
+    if "autoscaling_config" in section:
+        plan = replace(plan, num_replicas=None, autoscaling=dict(section["autoscaling_config"]))
+    elif "num_replicas" in section:
+        plan = replace(plan, num_replicas=section["num_replicas"], autoscaling=None)
+    if "ray_actor_options" in section:
+        plan = replace(plan, actor_options={**plan.actor_options, **section["ray_actor_options"]})
+    if "max_ongoing_requests" in section:
+        plan = replace(plan, max_ongoing_requests=section["max_ongoing_requests"])
+    return plan
+
+
+def _ray_section(config: ModelConfig, name: str) -> dict[str, Any]:
+    section = config.raw.get("ray") or {}
+    where = f"model {name}: model-config.yaml ray"
+    if not isinstance(section, dict):
+        raise ModelConfigError(f"{where}: expected a mapping of {', '.join(RAY_KEYS)}")
+    unknown = sorted(set(section) - set(RAY_KEYS))
+    if unknown:
+        raise ModelConfigError(
+            f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(RAY_KEYS)}"
+        )
+    count = section.get("num_replicas")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+        raise ModelConfigError(f"{where}.num_replicas: expected a whole number >= 0")
+    for key in ("autoscaling_config", "ray_actor_options"):
+        if key in section and not isinstance(section[key], dict):
+            raise ModelConfigError(f"{where}.{key}: expected a mapping (Ray Serve's keys)")
+    ongoing = section.get("max_ongoing_requests")
+    if ongoing is not None and (not isinstance(ongoing, int) or ongoing < 1):
+        raise ModelConfigError(f"{where}.max_ongoing_requests: expected a whole number >= 1")
+    return section

@@ -1,0 +1,71 @@
+"""One replica of one model version on Ray: a Ferry service holding that model with one
+worker (Ray's replicas stand for Ferry's workers), answering Ferry's inference API in
+process. Its queue, batch policy, worker pipeline and handler are single-machine Ferry's."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from starlette.types import ASGIApp
+
+from ferry.apis import Apis
+from ferry.config.settings import ServerSettings
+from ferry.http.auth import TokenAuth
+from ferry.http.inference import inference_app
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi
+from ferry.service import FerryService
+
+log = logging.getLogger("ferry")
+NODE_HEADER = b"x-ferry-ray-node"
+
+
+def replica_settings(settings: ServerSettings, entry: str, name: str) -> ServerSettings:
+    """The server's settings for a replica of ``entry``: that model only, one worker, no
+    snapshots (the driver owns the configuration) and no key file of its own (the driver
+    hands it the inference key)."""
+    overrides = {
+        version: {**values, "minWorkers": 1, "maxWorkers": 1}
+        for version, values in settings.model_overrides.get(name, {}).items()
+    }
+    return dataclasses.replace(
+        settings,
+        models=(entry,),
+        model_overrides={name: overrides} if overrides else {},
+        default_workers_per_model=1,
+        config_snapshots=False,
+        disable_token_authorization=True,
+        ready_file=None,
+    )
+
+
+class ModelReplica:
+    """Ray Serve builds it with the settings and the ``load_models`` entry; it answers
+    ``HttpCall``s the router forwards."""
+
+    # Ray Serve awaits an async constructor (type checkers insist __init__ returns None).
+    async def __init__(  # type: ignore[misc]
+        self, settings: ServerSettings, entry: str, name: str, inference_key: str | None
+    ) -> None:
+        import ray
+
+        self._node = ray.get_runtime_context().get_node_id().encode()
+        self._apis = Apis.over(FerryService(replica_settings(settings, entry, name)))
+        await self._apis.service.load_startup_models()
+        app: ASGIApp = inference_app(self._apis.service, self._apis.workflows)
+        self._app = app if inference_key is None else TokenAuth(app, inference_key)
+        log.info("replica of %s ready", entry)
+
+    async def __call__(self, call: HttpCall) -> HttpAnswer:
+        """The answer, with the Ray node that computed it (``x-ferry-ray-node``)."""
+        answer = await call_asgi(self._app, call, ("ray-router", 0))
+        return dataclasses.replace(answer, headers=(*answer.headers, (NODE_HEADER, self._node)))
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: a replica whose worker cannot run is replaced."""
+        health = self._apis.service.health()
+        if not health.ok:
+            raise RuntimeError(f"ferry replica unhealthy: {health.status}")
+
+    async def __del__(self) -> None:  # Ray Serve calls it when the replica stops
+        await self._apis.close()

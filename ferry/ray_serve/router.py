@@ -1,0 +1,108 @@
+"""The ingress deployment: every request on Ray Serve's HTTP proxy goes to the replicas of
+the model version its path names (``routes.model_of``), through Ray's handles, which
+balance over replicas on any node. Server-wide paths are answered here.
+
+A replica lost while it held a request (its node died, it was killed) costs that request
+one retry on another replica; a second loss answers 503 with the reason. Requests for a
+model that is not deployed still go to a replica, which answers the protocol's own 404.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ferry import __version__
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall
+from ferry.ray_serve.routes import model_of
+
+log = logging.getLogger("ferry")
+
+RETRIES = 1
+"""Times a request is sent again after the replica holding it was lost."""
+
+
+class Router:
+    """Built with one Ray deployment handle per ``(model, version)`` and each model's
+    default version."""
+
+    def __init__(self, handles: dict[str, Any], defaults: dict[str, str]) -> None:
+        # Keys are "model/version": Ray passes handles inside plain containers only.
+        self._handles = handles
+        self._defaults = defaults
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        own = self._server_wide(path)
+        if own is not None:
+            return own
+        call = HttpCall(
+            request.method,
+            path,
+            request.url.query.encode(),
+            tuple((key.lower(), value) for key, value in request.headers.raw),
+            await request.body(),
+        )
+        key = self._key(path)
+        answer = await self._forward(key, call)
+        headers = {k.decode(): v.decode() for k, v in answer.headers if k != b"content-length"}
+        return Response(answer.body, status_code=answer.status, headers=headers)
+
+    def _key(self, path: str) -> str:
+        named = model_of(path)
+        if named is not None:
+            model, version = named
+            key = f"{model}/{version or self._defaults.get(model, '')}"
+            if key in self._handles:
+                return key
+        return next(iter(self._handles))  # its replica answers the protocol's own 404
+
+    def _server_wide(self, path: str) -> Response | None:
+        if path in ("/ping", "/v2/health/ready", "/v2/health/live"):
+            body: dict[str, Any] = {"status": "Healthy"} if path == "/ping" else {}
+            if path == "/v2/health/ready":
+                body = {"ready": True}
+            elif path == "/v2/health/live":
+                body = {"live": True}
+            return _json(body)
+        if path == "/v1/models":
+            return _json({"models": sorted(self._defaults)})
+        if path == "/v2":
+            return _json(
+                {"name": "ferry", "version": __version__, "extensions": ["binary_tensor_data"]}
+            )
+        return None
+
+    async def _forward(self, key: str, call: HttpCall) -> HttpAnswer:
+        from ray.exceptions import RayActorError
+
+        handle = self._handles[key]
+        for attempt in range(RETRIES + 1):
+            try:
+                answer: HttpAnswer = await handle.remote(call)
+                return answer
+            except RayActorError as error:
+                log.warning("replica of %s lost (attempt %d): %s", key, attempt + 1, error)
+                reason = _first_line(error)
+            except Exception as error:  # a bug in the replica: never a raw traceback
+                log.exception("replica of %s failed", key)
+                return _error(500, "InternalServerException", _first_line(error))
+        return _error(503, "ServiceUnavailableException", f"replicas of {key} lost: {reason}")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _json(document: dict[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(document), status_code=status, media_type="application/json")
+
+
+def _error(status: int, kind: str, message: str) -> HttpAnswer:
+    body = json.dumps({"code": status, "type": kind, "message": message}).encode()
+    return HttpAnswer(status, ((b"content-type", b"application/json"),), body)

@@ -1,0 +1,193 @@
+"""``ferry serve --ray`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``:
+a head and two more nodes, each its own raylet with one logical CPU, on this machine).
+
+A model of two replicas (one CPU each) is spread over two nodes and answers right under
+concurrent load; the management API's scale call changes the replica count; a node
+holding a replica is removed under load, every request is answered, and the replica comes
+back on the node left free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fixtures.haproxy import free_port
+from tests.fixtures.models import digest_archive
+from tests.fixtures.polling import HANG_GUARD, wait_until
+from tests.fixtures.server import RunningServer, ferry_server
+
+pytestmark = pytest.mark.e2e
+ray_cluster_utils = pytest.importorskip(
+    "ray.cluster_utils", reason="Ray is not installed: pip install 'ferry-serve[ray]'"
+)
+NODE_HEADER = "x-ferry-ray-node"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    try:
+        running = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    except Exception as error:  # Ray cannot start on this machine: say why
+        pytest.skip(f"Ray cannot start a cluster here: {error}")
+    try:
+        for _ in range(2):
+            running.add_node(num_cpus=1)
+        running.wait_for_nodes()
+        yield running
+    finally:
+        running.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("ray")
+    store = tmp / "store"
+    store.mkdir()
+    digest_archive(store, "digest", minWorkers=2, batchSize=4, maxBatchDelay=10)
+    with ferry_server(
+        store,
+        ["digest.mar"],
+        tmp,
+        "--inference-address",
+        f"http://127.0.0.1:{free_port('127.0.0.1')}",
+        "--management-address",
+        f"http://127.0.0.1:{free_port('127.0.0.1')}",
+        "--ray",
+        cluster.address,
+        command=[sys.executable, "-m", "ferry"],
+    ) as running:
+        yield running
+
+
+def _predict(client: httpx.Client, url: str, body: bytes) -> tuple[int, str]:
+    response = client.post(f"{url}/predictions/digest", content=body)
+    if response.status_code == 200:
+        assert response.json()["digest"] == hashlib.sha256(body).hexdigest()
+    return response.status_code, response.headers.get(NODE_HEADER, "")
+
+
+def _replicas(server: RunningServer) -> dict[str, int]:
+    with server.management() as api:
+        (described,) = api.get("/models/digest").json()
+    replicas: dict[str, int] = described["ray"]["replicas"]
+    return replicas
+
+
+class Load:
+    """Clients POSTing through Ray's proxy until stopped (bounded in count); outcomes by
+    status or error name, and the nodes that answered."""
+
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self.url = url
+        self.outcomes = Counter[str]()
+        self.nodes = Counter[str]()
+        self.messages: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+
+    def _run(self, index: int) -> None:
+        with httpx.Client(timeout=HANG_GUARD) as client:
+            for sent in range(20_000):
+                if self._stop.is_set():
+                    return
+                body = b"%d-%d" % (index, sent)
+                try:
+                    response = client.post(f"{self.url}/predictions/digest", content=body)
+                    outcome, node = str(response.status_code), response.headers.get(NODE_HEADER)
+                    if response.status_code == 200:
+                        assert response.json()["digest"] == hashlib.sha256(body).hexdigest()
+                    else:
+                        self.messages.append(response.text)
+                except httpx.HTTPError as error:
+                    outcome, node = type(error).__name__, None
+                with self._lock:
+                    self.outcomes[outcome] += 1
+                    if node:
+                        self.nodes[node] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.outcomes.values())
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=HANG_GUARD)
+
+
+def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningServer) -> None:
+    assert _replicas(server) == {"RUNNING": 2}
+    with Load(server.url, clients=8) as load:
+        wait_until("200 answers", lambda: load.total() >= 200)
+    assert set(load.outcomes) == {"200"}, (load.outcomes, load.messages[:3])
+    assert len(load.nodes) == 2  # one replica per node (each needs the node's one CPU)
+    with httpx.Client() as client:
+        ping = client.get(f"{server.url}/ping")
+        assert ping.json() == {"status": "Healthy"}
+        missing = client.post(f"{server.url}/predictions/nope", content=b"x")
+        assert missing.status_code == 404
+        assert missing.json()["type"] == "ModelNotFoundException"
+
+
+def test_the_management_api_scales_replicas(server: RunningServer) -> None:
+    with server.management() as api:
+        scaled = api.put("/models/digest", params={"min_worker": 3, "synchronous": "true"})
+        assert scaled.status_code == 200, scaled.text
+        assert scaled.json() == {"status": "Workers scaled to 3 for model: digest"}
+        assert _replicas(server) == {"RUNNING": 3}
+        with httpx.Client(timeout=HANG_GUARD) as client:
+            nodes = {_predict(client, server.url, b"%d" % i)[1] for i in range(60)}
+        assert len(nodes) == 3
+        back = api.put("/models/digest", params={"min_worker": 2, "synchronous": "true"})
+        assert back.status_code == 200
+        wait_until("2 replicas", lambda: _replicas(server) == {"RUNNING": 2})
+        missing = api.put("/models/nope", params={"min_worker": 1})
+        assert missing.status_code == 404
+        bad = api.put("/models/digest", params={"min_worker": "many"})
+        assert bad.status_code == 400
+
+
+def test_a_node_removed_under_load_loses_no_request_silently(
+    server: RunningServer, cluster: Any
+) -> None:
+    """Requests the lost replica held are retried once on the other replica (or answered
+    503 naming the loss); the replica comes back on the node left free."""
+    with Load(server.url) as load:
+        wait_until("answers from both replicas", lambda: len(load.nodes) == 2)
+        serving = set(load.nodes)
+        head = cluster.head_node.unique_id
+        (victim,) = [
+            node
+            for node in cluster.list_all_nodes()
+            if node.unique_id in serving and node.unique_id != head
+        ][:1]
+        cluster.remove_node(victim)
+        removed_at = load.total()
+        wait_until("the replica to come back", lambda: _replicas(server) == {"RUNNING": 2})
+        recovered = load.total()
+        after = Counter(load.nodes)
+        wait_until("load on two replicas again", lambda: load.total() >= recovered + 100)
+    answered_by = {node for node, count in load.nodes.items() if count > after.get(node, 0)}
+    assert len(answered_by) == 2  # throughput recovered on two replicas
+    assert victim.unique_id not in answered_by
+    assert load.total() > removed_at
+    unexpected = set(load.outcomes) - {"200", "503"}
+    assert not unexpected, load.outcomes
+    for message in load.messages:
+        assert json.loads(message)["type"] == "ServiceUnavailableException", message
+        assert "lost" in json.loads(message)["message"]
