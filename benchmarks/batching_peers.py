@@ -354,6 +354,7 @@ def write_report(
     trace_figures: dict[str, TraceFigures],
     noop: dict[tuple[str, int], list[float]],
     missing: dict[str, str],
+    peak: float,
 ) -> None:
     reference = reports["ferry adaptive"]
     bounds = reference["bounds"]
@@ -434,8 +435,9 @@ def write_report(
         lines += [
             "## 2 and 3. Bursty, and burst then idle",
             "",
-            f"Bursty: Poisson at 90% of X* for 1 s, then 2 s of silence, for 30 s. Burst then "
-            f"idle: {BURST_S:g} s at 90% of X*, then {LOW_RATE:g} req/s for {IDLE_S:g} s, "
+            f"Bursty: Poisson at {peak:.1f} req/s (90% of the first sweep's X*) for 1 s, then "
+            f"2 s of silence, for 30 s. Burst then idle: {BURST_S:g} s at {peak:.1f} req/s, "
+            f"then {LOW_RATE:g} req/s for {IDLE_S:g} s, "
             f"{CYCLES} times; the low-rate requests' p50 in the first second after each "
             "burst against the last four seconds of each quiet phase.",
             "",
@@ -533,7 +535,9 @@ def main() -> None:
                 continue
             if rates is None:
                 rates = ",".join(f"{p['offered']:.3f}" for p in reports[server]["points"])
-        peak = 0.9 * reports["ferry adaptive"]["bounds"]["ceiling_sequential"]
+        # Every server's bursts at the same rate: the sweep's 90% of X* (the first sweep's
+        # X*, which a server measured again in a later run does not change).
+        peak = float(rates.split(",")[FRACTIONS.split(",").index("0.9")]) if rates else 0.0
         for server in reports:
             saved = FOLDER / server.replace(" ", "_") / "traces.json"
             if reuse and saved.exists():
@@ -549,7 +553,7 @@ def main() -> None:
         todo = [s for s in reports if s in NOOP_SERVERS and (s, 16) not in noop]
         noop |= noop_throughput(work, todo) if todo else {}
         saved_noop.write_text(json.dumps([[s, c, v] for (s, c), v in noop.items()]))
-    write_report(reports, trace_figures, noop, missing)
+    write_report(reports, trace_figures, noop, missing, peak)
 
 
 if __name__ == "__main__":

@@ -131,8 +131,16 @@ def request_priority(headers: dict[str, str]) -> int:
 class FerryService:
     """Predict, health and model management, independent of any transport."""
 
-    def __init__(self, settings: ServerSettings, start_worker: WorkerFactory | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        start_worker: WorkerFactory | None = None,
+        cores: int | None = None,
+    ) -> None:
         self.settings = settings
+        self._cores = cores
+        """The cores this server's workers share (default: all this process may use; a
+        Ray replica passes the CPUs Ray gave it)."""
         self._start_worker = start_worker or _local_worker_factory()
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
@@ -305,7 +313,7 @@ class FerryService:
         self, archive: ModelArchive, startup_timeout: float | None
     ) -> RunnerSettings:
         config, settings = archive.config, self.settings
-        cores = available_cores()
+        cores = self._cores or available_cores()
         workers = config.min_workers
         if workers is None:
             workers = settings.default_workers_per_model or default_workers_per_model(

@@ -34,7 +34,7 @@ DRAIN_SECONDS = 10.0
 """On stop, how long requests in flight may take to finish before they are cancelled."""
 
 
-class _Uvicorn(uvicorn.Server):
+class QuietUvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: ``ferry.server`` owns shutdown."""
 
     @contextlib.contextmanager
@@ -183,7 +183,7 @@ class HttpListener:
     ) -> None:
         self.address = address
         app = with_cors(without_trailing_slash(closing_connections(app, draining)), settings)
-        self._server = _Uvicorn(_uvicorn_config(app, address, settings))
+        self._server = QuietUvicorn(_uvicorn_config(app, address, settings))
         self._socket: socket.socket | None = None
         self._serving = False
 

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from ferry.config.settings import ServerSettings
 from ferry.errors import ConfigError
 from ferry.http.auth import TokenAuth
 from ferry.http.errors import error_body
-from ferry.http.listener import bind
+from ferry.http.listener import QuietUvicorn, bind
 from ferry.ray_serve import INSTALL_HINT, available
 from ferry.ray_serve.plan import DeploymentPlan, plan_for
 from ferry.ray_serve.replica import ModelReplica
@@ -46,6 +47,12 @@ from ferry.service import FerryService
 log = logging.getLogger("ferry")
 
 APPLICATION = "ferry"
+HEAD_NODE = "node:__internal_head__"
+"""The resource only Ray's head node has."""
+QUIET = {"enable_access_log": False, "log_level": "WARNING"}
+"""Ray Serve's logging for Ferry's deployments: a log line per request (sent on to this
+process) costs more than the request on a small machine; Ferry's own warnings still
+show."""
 ROUTER_ONGOING = 10_000
 """Requests the router deployment takes at once: it only forwards, each replica's own
 ``max_ongoing_requests`` bounds the work."""
@@ -66,16 +73,20 @@ class Deployer:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def application(self) -> Any:
-        from ray import serve
 
         handles = {
-            key: serve.deployment(ModelReplica)
-            .options(**plan.options())
+            key: _deployment(ModelReplica)
+            .options(**plan.options(), logging_config=QUIET)
             .bind(self.settings, plan.entry, plan.name, self.inference_key)
             for key, plan in self.plans.items()
         }
-        router = serve.deployment(Router).options(
-            name="router", max_ongoing_requests=ROUTER_ONGOING, ray_actor_options={"num_cpus": 0}
+        router = _deployment(Router).options(
+            name="router",
+            max_ongoing_requests=ROUTER_ONGOING,
+            # On the head, beside Ray Serve's proxy: the router holds every request in
+            # flight, so it must not live on a node that may go away.
+            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
+            logging_config=QUIET,
         )
         return router.bind(handles, self.defaults)
 
@@ -99,6 +110,14 @@ class Deployer:
         async with self.lock:
             self.plans[key] = self.plans[key].scaled(low, high)
             await asyncio.to_thread(self.deploy)
+
+
+def _deployment(cls: type) -> Any:
+    """Ray Serve's ``serve.deployment`` on a class (its stubs type only the decorator)."""
+    from ray import serve
+
+    deployment: Any = serve.deployment
+    return deployment(cls)
 
 
 def plans_for(settings: ServerSettings) -> tuple[dict[str, DeploymentPlan], dict[str, str]]:
@@ -196,6 +215,16 @@ def management_app(deployer: Deployer) -> Starlette:
     return Starlette(routes=routes)
 
 
+async def _serve_until_signal(server: Any, listening: Any) -> None:
+    """Serve the management API until SIGINT or SIGTERM (handled here: Ray's handlers,
+    and uvicorn's, which raise the signal again once stopped, would end the process
+    before the application is removed)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
+    await server.serve(sockets=[listening])
+
+
 def _json(document: object, status: int = 200) -> Response:
     return Response(json.dumps(document), status_code=status, media_type="application/json")
 
@@ -239,7 +268,7 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
         app: ASGIApp = management_app(deployer)
         if keys is not None:
             app = TokenAuth(app, keys.keys.management)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        server = QuietUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
         listening = bind(management)
         if keys is not None:
             keys.save()
@@ -250,10 +279,12 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
         log.info("management API on %s", urls["management"])
         if settings.ready_file is not None:
             write_ready_file(settings.ready_file, urls)
-        asyncio.run(server.serve(sockets=[listening]))  # returns on SIGINT / SIGTERM
+        asyncio.run(_serve_until_signal(server, listening))
         log.info("stopping: deleting the Ray Serve application %r", APPLICATION)
         serve.delete(APPLICATION)
-        if started_here:
+        if started_here or not serve.status().applications:
+            # Nothing else on Ray Serve: stop it too, so that the next start's proxy
+            # settings (its port) apply.
             serve.shutdown()
     finally:
         ray.shutdown()

@@ -49,8 +49,14 @@ class ModelReplica:
     ) -> None:
         import ray
 
-        self._node = ray.get_runtime_context().get_node_id().encode()
-        self._apis = Apis.over(FerryService(replica_settings(settings, entry, name)))
+        context = ray.get_runtime_context()
+        self._node = context.get_node_id().encode()
+        # The worker's torch threads: the CPUs Ray gave this replica, not the machine's.
+        cpus = context.get_assigned_resources().get("CPU", 0)
+        service = FerryService(
+            replica_settings(settings, entry, name), cores=max(1, round(cpus)) if cpus else None
+        )
+        self._apis = Apis.over(service)
         await self._apis.service.load_startup_models()
         app: ASGIApp = inference_app(self._apis.service, self._apis.workflows)
         self._app = app if inference_key is None else TokenAuth(app, inference_key)

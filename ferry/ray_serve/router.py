@@ -78,20 +78,32 @@ class Router:
         return None
 
     async def _forward(self, key: str, call: HttpCall) -> HttpAnswer:
-        from ray.exceptions import RayActorError
-
         handle = self._handles[key]
         for attempt in range(RETRIES + 1):
             try:
                 answer: HttpAnswer = await handle.remote(call)
                 return answer
-            except RayActorError as error:
+            except _replica_lost() as error:
                 log.warning("replica of %s lost (attempt %d): %s", key, attempt + 1, error)
                 reason = _first_line(error)
             except Exception as error:  # a bug in the replica: never a raw traceback
                 log.exception("replica of %s failed", key)
                 return _error(500, "InternalServerException", _first_line(error))
         return _error(503, "ServiceUnavailableException", f"replicas of {key} lost: {reason}")
+
+
+def _replica_lost() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a replica (or its node, or its process) gone with the request."""
+    from ray import exceptions
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    return (
+        exceptions.RayActorError,  # died, or unavailable
+        exceptions.NodeDiedError,
+        exceptions.WorkerCrashedError,
+        exceptions.ObjectLostError,
+        ReplicaUnavailableError,
+    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -7,8 +7,9 @@ happens (``arrived``, ``batch_timed``). Three policies, chosen per model
 ``adaptive`` (the default)
     Work-conserving unless waiting pays. With q requests queued and arrivals at rate λ
     (requests in the last ``RATE_WINDOW`` seconds, or less when the last few arrivals
-    are spread out: a lull after a burst shows at once), batches of q keep up when q / cost(q) >= λ, and then the batch goes now: a
-    lone request at low load never waits. Only when they cannot keep up does it wait,
+    are spread out: a lull after a burst shows at once), batches of q keep up when
+    q / cost(q) >= λ, and then the batch goes now: a lone request at low load never
+    waits. Only when they cannot keep up does it wait,
     for the arrivals that make the smallest batch b that can (b / cost(b) >= λ), and
     never past ``maxBatchDelay`` from the oldest request's arrival, nor past the point
     where the oldest request would miss ``latencyObjectiveMs``. cost(b) is learned from

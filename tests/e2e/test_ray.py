@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sys
 import threading
 from collections import Counter
@@ -34,6 +36,8 @@ NODE_HEADER = "x-ferry-ray-node"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    # No usage report from a test cluster (this machine reaches no such service anyway).
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         running = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     except Exception as error:  # Ray cannot start on this machine: say why
@@ -170,24 +174,34 @@ def test_a_node_removed_under_load_loses_no_request_silently(
     with Load(server.url) as load:
         wait_until("answers from both replicas", lambda: len(load.nodes) == 2)
         serving = set(load.nodes)
-        head = cluster.head_node.unique_id
+        head = cluster.head_node.node_id
         (victim,) = [
             node
             for node in cluster.list_all_nodes()
-            if node.unique_id in serving and node.unique_id != head
+            if node.node_id in serving and node.node_id != head
         ][:1]
         cluster.remove_node(victim)
         removed_at = load.total()
-        wait_until("the replica to come back", lambda: _replicas(server) == {"RUNNING": 2})
+        # Ray Serve notices the lost replica (its health check) and starts another on the
+        # node left free: answers from a node that was not serving before.
+        wait_until("the replacement replica to answer", lambda: set(load.nodes) - serving)
         recovered = load.total()
         after = Counter(load.nodes)
         wait_until("load on two replicas again", lambda: load.total() >= recovered + 100)
     answered_by = {node for node, count in load.nodes.items() if count > after.get(node, 0)}
     assert len(answered_by) == 2  # throughput recovered on two replicas
-    assert victim.unique_id not in answered_by
+    assert victim.node_id not in answered_by
+    assert _replicas(server) == {"RUNNING": 2}
     assert load.total() > removed_at
     unexpected = set(load.outcomes) - {"200", "503"}
     assert not unexpected, load.outcomes
     for message in load.messages:
         assert json.loads(message)["type"] == "ServiceUnavailableException", message
         assert "lost" in json.loads(message)["message"]
+
+
+def test_sigterm_removes_the_application_and_exits_0(server: RunningServer) -> None:
+    """Last in this module: the cluster stays; only Ferry's application goes."""
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=HANG_GUARD) == 0
+    assert "deleting the Ray Serve application 'ferry'" in server.log()
