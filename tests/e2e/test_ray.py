@@ -184,7 +184,7 @@ def test_a_node_removed_under_load_loses_no_request_silently(
         removed_at = load.total()
         # Ray Serve notices the lost replica (its health check) and starts another on the
         # node left free: answers from a node that was not serving before.
-        wait_until("the replacement replica to answer", lambda: set(load.nodes) - serving)
+        wait_until("the replacement replica to answer", lambda: bool(set(load.nodes) - serving))
         recovered = load.total()
         after = Counter(load.nodes)
         wait_until("load on two replicas again", lambda: load.total() >= recovered + 100)
