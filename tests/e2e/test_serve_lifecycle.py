@@ -21,7 +21,6 @@ import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
-from tests.fixtures.gate import release
 from tests.fixtures.models import HANDLERS, echo_store, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import children_of, is_running
@@ -190,35 +189,6 @@ def test_a_second_signal_while_shutting_down_exits_at_once(store: Path, tmp_path
 def _post_quietly(url: str, body: bytes) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the server exits while it is in flight
         httpx.post(f"{url}/predictions/echo", content=body, timeout=120)
-
-
-def test_sigterm_finishes_the_request_in_flight_then_exits(store: Path, tmp_path: Path) -> None:
-    """The listener stops accepting at once (no drain delay) but the request a worker holds
-    is still answered, then the server exits 0."""
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.mkfifo(gate / "release")
-    statuses: list[int] = []
-
-    def blocked() -> None:
-        body = b"block:%s" % bytes(gate)
-        statuses.append(
-            httpx.post(f"{url}/predictions/echo", content=body, timeout=120).status_code
-        )
-
-    with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
-        url = server.url
-        in_flight = threading.Thread(target=blocked)
-        in_flight.start()
-        wait_until("the request in flight", (gate / "started").exists, process=server.process)
-        server.process.send_signal(signal.SIGTERM)
-        wait_until("shutdown", lambda: "shutting down" in server.log(), process=server.process)
-        with pytest.raises(httpx.ConnectError):  # no longer accepting
-            httpx.get(f"{url}/ping", timeout=10)
-        release(gate, waiting=in_flight.is_alive)
-        in_flight.join(timeout=60)
-        assert server.process.wait(timeout=60) == 0
-    assert statuses == [200]
 
 
 def test_during_the_drain_delay_readiness_is_503_and_requests_are_still_served(

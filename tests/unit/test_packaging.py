@@ -35,6 +35,7 @@ DISTRIBUTION_OF = {
     "httpx": "httpx",
     "matplotlib": "matplotlib",
     "grpc": "grpcio",
+    "ray": "ray",
     "google": "protobuf",  # google.protobuf; google.rpc comes with googleapis-common-protos
 }
 """Import name -> the distribution that provides it (they differ: ``yaml`` is ``pyyaml``)."""
@@ -49,8 +50,8 @@ OPTIONAL_MODULES = {
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 
-NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/")
-"""``ferry bench`` and the gRPC APIs have their own extras; the TorchServe shim only
+NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/", "ray_serve/")
+"""``ferry bench``, the gRPC APIs and ``--ray`` have their own extras; the TorchServe shim only
 re-exports Ferry's handlers."""
 
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -149,6 +150,12 @@ def test_grpc_imports_only_base_and_grpc_dependencies() -> None:
     base, extras = _declared()
     grpc_code = [p for p in sorted((PACKAGE / "grpc").rglob("*.py")) if "generated" not in p.parts]
     assert _undeclared(grpc_code, base | extras["grpc"]) == []
+
+
+def test_ray_serve_imports_only_base_and_ray_dependencies() -> None:
+    base, extras = _declared()
+    ray_code = sorted((PACKAGE / "ray_serve").rglob("*.py"))
+    assert _undeclared(ray_code, base | extras["ray"]) == []
 
 
 def test_the_base_install_is_lean() -> None:
