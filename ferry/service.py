@@ -690,6 +690,7 @@ class FerryService:
             entry.runner.set_batch_policy(policy, latency_objective_ms)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        self._snapshot_changed()
         return ModelRef(entry.archive.name, entry.archive.version)
 
     def set_default(self, name: str, version: str) -> None:
@@ -715,6 +716,8 @@ class FerryService:
                     batch_size=runner.settings.batch_size,
                     max_batch_delay_ms=runner.settings.max_batch_delay * 1000,
                     response_timeout=runner.settings.response_timeout,
+                    batch_policy=runner.settings.batch_policy,
+                    latency_objective_ms=runner.settings.latency_objective_ms,
                 )
             )
         return ServerSnapshot(self.settings.model_store, tuple(versions))

@@ -1,9 +1,9 @@
 """Model snapshots: the registered models and their scaling, kept across restarts.
 
 Like TorchServe, Ferry writes a snapshot after start-up and after each successful register,
-unregister, scale and set-default, and the next ``ferry serve`` without ``--models``
-loads the models of the latest one. A snapshot is a ``config.properties`` that
-``--ts-config`` could read too::
+unregister, scale and set-default (and, Ferry's own, a batch policy switch), and the next
+``ferry serve`` without ``--models`` loads the models of the latest one. A snapshot is a
+``config.properties`` that ``--ts-config`` could read too::
 
     model_store=/srv/models
     load_models=digest=digest.mar
@@ -53,6 +53,9 @@ class VersionSnapshot:
     batch_size: int
     max_batch_delay_ms: float
     response_timeout: float
+    batch_policy: str = "adaptive"
+    """Set through the management API (``PUT /models/M?batch_policy=``) or model-config."""
+    latency_objective_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,9 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
     ``NAME=SOURCE`` per version) and TorchServe's ``models`` JSON."""
     models: dict[str, dict[str, dict[str, Any]]] = {}
     for v in state.versions:
-        models.setdefault(v.model, {})[v.version] = {
+        # batchPolicy and latencyObjectiveMs are Ferry's keys: TorchServe reading such a
+        # file ignores them, Ferry applies them as it does model-config.yaml's.
+        keys: dict[str, Any] = {
             "defaultVersion": v.is_default,
             "marName": v.source,
             "minWorkers": v.min_workers,
@@ -81,7 +86,11 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
             "batchSize": v.batch_size,
             "maxBatchDelay": v.max_batch_delay_ms,
             "responseTimeout": v.response_timeout,
+            "batchPolicy": v.batch_policy,
         }
+        if v.latency_objective_ms is not None:
+            keys["latencyObjectiveMs"] = v.latency_objective_ms
+        models.setdefault(v.model, {})[v.version] = keys
     values = {
         "load_models": ",".join(f"{v.model}={v.source}" for v in state.versions),
         "models": json.dumps(models, sort_keys=True),

@@ -1,4 +1,5 @@
-"""Model snapshots across restarts: what the management API changed comes back, unless --ncs."""
+"""Model snapshots across restarts: what the management API changed (batch policy
+included) comes back, unless --ncs."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def test_registered_models_and_scaling_survive_a_restart_unless_ncs(tmp_path: Pa
             _ok(api.post("/models", params=registration))
         _ok(api.put("/models/digest/2.0/set-default"))
         _ok(api.put("/models/digest/2.0", params={"min_worker": 2, "synchronous": "true"}))
+        _ok(api.put("/models/digest/1.0", params={"batch_policy": "immediate"}))
     after_changes = latest_snapshot(logs / "config")
     assert after_changes is not None and after_changes.name.endswith("-snapshot.cfg")
 
@@ -43,6 +45,8 @@ def test_registered_models_and_scaling_survive_a_restart_unless_ncs(tmp_path: Pa
         assert [w["status"] for w in default["workers"]] == ["READY", "READY"]
         (first,) = api.get("/models/digest/1.0").json()
         assert first["minWorkers"] == 1 and first["batchSize"] == 4
+        assert first["batchPolicy"]["policy"] == "immediate"
+        assert default["batchPolicy"]["policy"] == "adaptive"
         with server.client() as inference:
             assert inference.post("/predictions/digest", content=b"x").status_code == 200
     restarted = latest_snapshot(logs / "config")

@@ -60,7 +60,8 @@ def test_only_the_newest_snapshots_are_kept(tmp_path: Path) -> None:
 
 
 def test_snapshot_is_a_config_properties_with_torchserve_models_json(tmp_path: Path) -> None:
-    state = _state(tmp_path, _version(), _version(version="2.0", is_default=False))
+    switched = _version(version="2.0", is_default=False, batch_policy="immediate")
+    state = _state(tmp_path, _version(latency_objective_ms=80.0), switched)
     values = read_properties(write_snapshot(tmp_path / "config", state))
     assert values["model_store"] == str(tmp_path / "store")
     assert values["load_models"] == "digest=digest-1.0.mar,digest=digest-2.0.mar"
@@ -73,7 +74,9 @@ def test_snapshot_is_a_config_properties_with_torchserve_models_json(tmp_path: P
         "batchSize": 4,
         "maxBatchDelay": 50.0,
         "responseTimeout": 30.0,
+        "batchPolicy": "immediate",
     }
+    assert settings.model_overrides["digest"]["1.0"]["latencyObjectiveMs"] == 80.0
 
 
 def test_restore_loads_the_latest_snapshots_models(tmp_path: Path) -> None:
