@@ -38,6 +38,7 @@ only then, so a server without the extra never imports grpcio.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -254,11 +255,30 @@ async def _start_up_then_serve(
     for name, url in urls.items():
         log.info("%s API listening on %s", name, url)
     _log_models(service)
+    settle_garbage_collector()
     if settings.ready_file is not None:
         write_ready_file(settings.ready_file, urls)
     await stop.requested.wait()
     await _drain(service, settings.drain_delay)
     return 0
+
+
+YOUNG_COLLECTION_THRESHOLD = 20_000
+"""Allocations between collections of the youngest generation (CPython's default: 700)."""
+
+
+def settle_garbage_collector() -> None:
+    """Once the models are loaded: move everything start-up allocated out of the
+    collector's sight (``gc.freeze``) and collect the young generation less often. Each
+    young collection walks every object the requests in flight hold; at CPython's default
+    it ran every two or three requests and took 26 of the ~170 us the server spent per
+    request on a no-op model at concurrency 16 (timed with ``gc.callbacks``; 5 us with
+    these settings). Cycles are still collected, only in larger, rarer sweeps; memory is
+    reclaimed by reference counting as before."""
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, oldest)
 
 
 async def _drain(service: FerryService, seconds: float) -> None:

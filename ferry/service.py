@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from ferry.config.settings import threads_per_worker as split_threads
 from ferry.errors import (
     ClientGone,
     ConfigError,
-    DeadlineExceeded,
     FerryError,
     InvalidInput,
     InvalidRequest,
@@ -39,6 +37,7 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
+from ferry.pending_prediction import PendingPrediction
 from ferry.scheduling.jobs import Job, StreamedPart, next_request_id
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.placement import model_gpus
@@ -186,13 +185,30 @@ class FerryService:
         *,
         explain: bool = False,
     ) -> Prediction:
-        """Queue a request and await its answer. ``on_hang_up`` lets the transport say when
-        the client goes away: the request is then answered with ``ClientGone`` and dropped
-        before it reaches a worker. Parts a handler streams go to ``on_part`` as they come;
-        a transport that cannot stream passes none, and gets them joined before the last
-        part in the answer's body. ``explain`` asks the handler for explanations instead
-        (TorchServe's ``explain: True`` header), alone in its batch: a handler looks at the
-        batch's first request to choose."""
+        """Queue a request and await its answer (``submit``, then its result)."""
+        pending = self.submit(model, version, parts, headers, on_hang_up, on_part, explain=explain)
+        with contextlib.suppress(FerryError):  # result() raises it
+            await pending.future  # cancelling the caller cancels the request
+        return pending.result()
+
+    def submit(
+        self,
+        model: str,
+        version: str | None,
+        parts: list[InputPart],
+        headers: dict[str, str],
+        on_hang_up: OnHangUp | None = None,
+        on_part: OnPredictionPart | None = None,
+        *,
+        explain: bool = False,
+    ) -> PendingPrediction:
+        """Queue a request; its answer comes when the returned prediction's future is done.
+        ``on_hang_up`` lets the transport say when the client goes away: the request is then
+        answered with ``ClientGone`` and dropped before it reaches a worker. Parts a handler
+        streams go to ``on_part`` as they come; a transport that cannot stream passes none,
+        and gets them joined before the last part in the answer's body. ``explain`` asks the
+        handler for explanations instead (TorchServe's ``explain: True`` header), alone in
+        its batch: a handler looks at the batch's first request to choose."""
         runner = self._runner(model, version)
         loop = asyncio.get_running_loop()
         wire_parts = [messages.InputPart(p.name, p.content_type, p.data) for p in parts]
@@ -210,43 +226,30 @@ class FerryService:
             self._part_sink(request_id, on_part, joined),
             priority=priority,
         )
-        expiry = None
+        # The deadline answers the request at once, not when a worker would take it.
+        expiry = None if budget is None else loop.call_later(budget, job.expire)
         if budget is not None:
             job.deadline = job.enqueued_at + budget
-            expiry = loop.call_later(budget, job.expire)  # answered at once, not at dispatch
+
+        def release() -> None:
+            self._client_request_ids.discard(request_id)
+            if expiry is not None:
+                expiry.cancel()
+
         try:
             if explain:
                 runner.submit_alone(job)
             else:
                 runner.submit(job)
-            if on_hang_up is not None:
-                on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
-            try:
-                answer = await job.future
-            except DeadlineExceeded:
-                runner.metrics.shed(1)
-                raise
-            finally:
-                runner.metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
-        finally:
-            self._client_request_ids.discard(request_id)
-            if expiry is not None:
-                expiry.cancel()
-        body = b"".join([*joined, answer.body])
-        if len(body) > self.settings.max_response_size:
-            raise ResponseTooLarge(
-                f"response of {len(body)} bytes exceeds max_response_size "
-                f"{self.settings.max_response_size}"
-            )
-        return Prediction(
-            body,
-            answer.content_type,
-            answer.status,
-            answer.headers,
-            answer.batch_size,
-            answer.queued_seconds,
-            request_id,
+        except BaseException:
+            release()
+            raise
+        pending = PendingPrediction(
+            job, joined, self.settings.max_response_size, runner.metrics, release
         )
+        if on_hang_up is not None:
+            on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
+        return pending
 
     def _part_sink(
         self, request_id: str, on_part: OnPredictionPart | None, joined: list[bytes]

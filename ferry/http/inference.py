@@ -96,9 +96,9 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
             # 404 and 503 before reading the body: refusing a flood must stay cheap.
             version = service.admit(model, version).version
             parts = await read_parts(request, limit)
-            headers = {k.lower(): v for k, v in request.headers.items()}
+            headers = dict(request.headers.items())  # ASGI header names are lower case
             response, events = await prediction_response(
-                lambda on_part: service.predict(
+                lambda on_part: service.submit(
                     model,
                     version,
                     parts,

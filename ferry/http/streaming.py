@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
 from ferry.errors import FerryError, ResponseTooLarge
 from ferry.http.errors import error_response
+from ferry.pending_prediction import PendingPrediction
 from ferry.service_types import OnPredictionPart, Prediction, PredictionPart
 
 log = logging.getLogger("ferry.http")
@@ -32,13 +34,18 @@ Event = PredictionPart | Prediction | Failed
 
 
 class PredictionEvents:
-    """Parts and the final answer (or error) of one prediction, in the order they came."""
+    """Parts and the final answer (or error) of one submitted request, in the order they
+    came. Nothing runs on its own: the events are the job's parts and its future's end."""
 
     def __init__(self, max_pending_bytes: int) -> None:
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: deque[Event] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
         self.answer: Prediction | None = None
         self._pending_bytes = 0
         self._max_pending_bytes = max_pending_bytes
+
+    def watch(self, pending: PendingPrediction) -> None:
+        pending.future.add_done_callback(lambda _: self._push(self._outcome(pending)))
 
     def on_part(self, part: PredictionPart) -> None:
         """Queue a part for the client. A handler streaming faster than its client reads
@@ -49,40 +56,53 @@ class PredictionEvents:
                 f"the client fell behind the stream by over {self._max_pending_bytes} bytes"
             )
         self._pending_bytes += len(part.body)
-        self._queue.put_nowait(part)
+        self._push(part)
 
-    async def run(self, predict: Callable[[OnPredictionPart], Awaitable[Prediction]]) -> None:
+    def _outcome(self, pending: PendingPrediction) -> Prediction | Failed | None:
+        if pending.future.cancelled():
+            return None  # the transport gave up: no one reads on
         try:
-            self.answer = await predict(self.on_part)
+            self.answer = pending.result()
         except FerryError as error:
-            self._queue.put_nowait(Failed(error))
-        else:
-            self._queue.put_nowait(self.answer)
+            return Failed(error)
+        return self.answer
+
+    def _push(self, event: Event | None) -> None:
+        if event is None:
+            return
+        self._events.append(event)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     async def next(self) -> Event:
-        event = await self._queue.get()
+        while not self._events:
+            self._wakeup = asyncio.get_running_loop().create_future()
+            await self._wakeup
+        event = self._events.popleft()
         if isinstance(event, PredictionPart):
             self._pending_bytes -= len(event.body)
         return event
 
 
 async def prediction_response(
-    predict: Callable[[OnPredictionPart], Awaitable[Prediction]], max_pending_bytes: int
+    submit: Callable[[OnPredictionPart], PendingPrediction], max_pending_bytes: int
 ) -> tuple[Response, PredictionEvents]:
-    """The response for ``predict``: plain, or streamed once the handler sends a part
-    (at most ``max_pending_bytes`` of parts waiting for a slow client)."""
+    """The response for the request ``submit`` queues: plain, or streamed once the
+    handler sends a part (at most ``max_pending_bytes`` of parts waiting for a slow
+    client)."""
     events = PredictionEvents(max_pending_bytes)
-    task = asyncio.ensure_future(events.run(predict))
+    pending = submit(events.on_part)
+    events.watch(pending)
     try:
         first = await events.next()
     except asyncio.CancelledError:
-        task.cancel()
+        pending.cancel()
         raise
     if isinstance(first, Failed):
         return error_response(first.error), events
     if isinstance(first, Prediction):
         return _plain(first), events
-    return _streamed(first, events, task), events
+    return _streamed(first, events, pending), events
 
 
 def _plain(answer: Prediction) -> Response:
@@ -95,7 +115,7 @@ def _plain(answer: Prediction) -> Response:
 
 
 def _streamed(
-    first: PredictionPart, events: PredictionEvents, task: asyncio.Future[None]
+    first: PredictionPart, events: PredictionEvents, pending: PendingPrediction
 ) -> StreamingResponse:
     async def chunks() -> AsyncIterator[bytes]:
         try:
@@ -116,7 +136,7 @@ def _streamed(
                     yield bytes(error_response(event.error).body)
                     return
         finally:
-            task.cancel()  # the client went away: stop waiting for the rest
+            pending.cancel()  # the client went away: stop waiting for the rest
 
     return StreamingResponse(
         chunks(),
