@@ -272,9 +272,10 @@ def settle_garbage_collector() -> None:
     collector's sight (``gc.freeze``) and collect the young generation less often. Each
     young collection walks every object the requests in flight hold; at CPython's default
     it ran every two or three requests and took 26 of the ~170 us the server spent per
-    request on a no-op model at concurrency 16 (timed with ``gc.callbacks``; 5 us with
-    these settings). Cycles are still collected, only in larger, rarer sweeps; memory is
-    reclaimed by reference counting as before."""
+    request on a no-op model at concurrency 16 (timed with ``gc.callbacks``; at most 9
+    us with these settings, start-up's collections included). Cycles are still
+    collected, only in larger, rarer sweeps; memory is reclaimed by reference counting
+    as before."""
     gc.collect()
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
