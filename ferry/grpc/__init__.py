@@ -19,6 +19,14 @@ until ``available()`` said it is there.
 from __future__ import annotations
 
 import importlib.util
+import os
+
+# Before grpc is imported. The server forks only to exec a worker at once; gRPC's fork
+# handlers are for children that go on using gRPC, and when its threads are busy they
+# are skipped ("Other threads are currently calling into gRPC, skipping fork()
+# handlers"): twice under full-suite load a worker spawned just then died before its
+# first message. A user's own value still wins.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 INSTALL_HINT = "pip install 'ferry-serve[grpc]'"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.background_load import BackgroundLoad
 from tests.fixtures.cli import FERRY
 from tests.fixtures.gate import release
 from tests.fixtures.haproxy import Balancer, free_port, haproxy, haproxy_binary
@@ -99,46 +100,6 @@ def balancer(replicas: Replicas, tmp_path: Path) -> Iterator[Balancer]:
         yield running
 
 
-class SteadyLoad:
-    """``clients`` threads POSTing to the balancer until stopped; every outcome counted
-    (a status, or the name of the transport error)."""
-
-    def __init__(self, url: str, clients: int = 4) -> None:
-        self.url = f"{url}/predictions/echo"
-        self.outcomes = Counter[str]()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
-
-    def _client(self, index: int) -> None:
-        with httpx.Client(timeout=60) as client:
-            sent = 0
-            while not self._stop.is_set() and sent < 100_000:  # bounded, in count and time
-                try:
-                    outcome = str(
-                        client.post(self.url, content=b"c%d-%d" % (index, sent)).status_code
-                    )
-                except httpx.HTTPError as error:
-                    outcome = type(error).__name__
-                with self._lock:
-                    self.outcomes[outcome] += 1
-                sent += 1
-
-    def answered(self) -> int:
-        with self._lock:
-            return sum(self.outcomes.values())
-
-    def __enter__(self) -> SteadyLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=HANG_GUARD)
-
-
 def _served_by(server: RunningServer) -> float:
     """Requests this replica has answered (its own metrics)."""
     prefix = 'ts_inference_requests_total{model_name="echo"'
@@ -152,7 +113,7 @@ def _served_by(server: RunningServer) -> float:
 def test_a_rolling_restart_under_load_fails_no_request(
     replicas: Replicas, balancer: Balancer
 ) -> None:
-    with SteadyLoad(balancer.url) as load:
+    with BackgroundLoad(f"{balancer.url}/predictions/echo", limit=100_000) as load:
         wait_until("load to flow", lambda: load.answered() >= 50)
         for name in list(replicas.addresses):
             before = load.answered()
@@ -186,7 +147,7 @@ def test_a_replica_killed_while_holding_a_request_costs_no_request(
         )
         held.append(response.status_code)
 
-    with SteadyLoad(balancer.url) as load:
+    with BackgroundLoad(f"{balancer.url}/predictions/echo", limit=100_000) as load:
         holder = threading.Thread(target=blocked_request)
         holder.start()
         victim = replicas.running["r0"]

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fixtures.background_load import BackgroundLoad
 from tests.fixtures.haproxy import free_port
 from tests.fixtures.models import digest_archive
 from tests.fixtures.polling import HANG_GUARD, wait_until
@@ -86,58 +86,30 @@ def _replicas(server: RunningServer) -> dict[str, int]:
     return replicas
 
 
-class Load:
-    """Clients POSTing through Ray's proxy until stopped (bounded in count); outcomes by
-    status or error name, and the nodes that answered."""
+class Load(BackgroundLoad):
+    """Clients POSTing through Ray's proxy: every digest checked (a wrong one is the
+    outcome ``wrong-digest``), the nodes that answered counted, failures' bodies kept."""
 
     def __init__(self, url: str, clients: int = 4) -> None:
-        self.url = url
-        self.outcomes = Counter[str]()
         self.nodes = Counter[str]()
         self.messages: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+        super().__init__(f"{url}/predictions/digest", clients, self._note)
 
-    def _run(self, index: int) -> None:
-        with httpx.Client(timeout=HANG_GUARD) as client:
-            for sent in range(20_000):
-                if self._stop.is_set():
-                    return
-                body = b"%d-%d" % (index, sent)
-                try:
-                    response = client.post(f"{self.url}/predictions/digest", content=body)
-                    outcome, node = str(response.status_code), response.headers.get(NODE_HEADER)
-                    if response.status_code == 200:
-                        assert response.json()["digest"] == hashlib.sha256(body).hexdigest()
-                    else:
-                        self.messages.append(response.text)
-                except httpx.HTTPError as error:
-                    outcome, node = type(error).__name__, None
-                with self._lock:
-                    self.outcomes[outcome] += 1
-                    if node:
-                        self.nodes[node] += 1
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(self.outcomes.values())
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=HANG_GUARD)
+    def _note(self, body: bytes, response: httpx.Response) -> str | None:
+        node = response.headers.get(NODE_HEADER)
+        if node:
+            self.nodes[node] += 1
+        if response.status_code != 200:
+            self.messages.append(response.text)
+        elif response.json()["digest"] != hashlib.sha256(body).hexdigest():
+            return "wrong-digest"
+        return None
 
 
 def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningServer) -> None:
     assert _replicas(server) == {"RUNNING": 2}
     with Load(server.url, clients=8) as load:
-        wait_until("200 answers", lambda: load.total() >= 200)
+        wait_until("200 answers", lambda: load.answered() >= 200)
     assert set(load.outcomes) == {"200"}, (load.outcomes, load.messages[:3])
     assert len(load.nodes) == 2  # one replica per node (each needs the node's one CPU)
     with httpx.Client() as client:
@@ -181,18 +153,18 @@ def test_a_node_removed_under_load_loses_no_request_silently(
             if node.node_id in serving and node.node_id != head
         ][:1]
         cluster.remove_node(victim)
-        removed_at = load.total()
+        removed_at = load.answered()
         # Ray Serve notices the lost replica (its health check) and starts another on the
         # node left free: answers from a node that was not serving before.
         wait_until("the replacement replica to answer", lambda: bool(set(load.nodes) - serving))
-        recovered = load.total()
+        recovered = load.answered()
         after = Counter(load.nodes)
-        wait_until("load on two replicas again", lambda: load.total() >= recovered + 100)
+        wait_until("load on two replicas again", lambda: load.answered() >= recovered + 100)
     answered_by = {node for node, count in load.nodes.items() if count > after.get(node, 0)}
     assert len(answered_by) == 2  # throughput recovered on two replicas
     assert victim.node_id not in answered_by
     assert _replicas(server) == {"RUNNING": 2}
-    assert load.total() > removed_at
+    assert load.answered() > removed_at
     unexpected = set(load.outcomes) - {"200", "503"}
     assert not unexpected, load.outcomes
     for message in load.messages:
