@@ -226,10 +226,10 @@ class FerryService:
             self._part_sink(request_id, on_part, joined),
             priority=priority,
         )
-        # The deadline answers the request at once, not when a worker would take it.
-        expiry = None if budget is None else loop.call_later(budget, job.expire)
+        expiry = None
         if budget is not None:
             job.deadline = job.enqueued_at + budget
+            expiry = loop.call_later(budget, job.expire)  # answered at once, not at dispatch
 
         def release() -> None:
             self._client_request_ids.discard(request_id)
