@@ -72,6 +72,7 @@ def model_json(model: ModelStatus) -> dict[str, Any]:
         "batchPolicy": model.batch_policy,
         **_TORCHSERVE_ONLY_FIELDS,
         "clientTimeoutInMills": round(model.client_timeout_ms or 0),
+        "deadlineAction": model.deadline_action,
         "loadedAtStartup": model.loaded_at_startup,
         "workers": [_worker_json(worker) for worker in model.workers],
         "ready": model.ready,

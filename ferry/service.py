@@ -229,7 +229,7 @@ class FerryService:
         expiry = None
         if budget is not None:
             job.deadline = job.enqueued_at + budget
-            expiry = loop.call_later(budget, job.expire)  # answered at once, not at dispatch
+            expiry = loop.call_later(budget, runner.deadline_passed, job)  # not at dispatch
 
         def release() -> None:
             self._client_request_ids.discard(request_id)
@@ -338,6 +338,7 @@ class FerryService:
             batch_policy=config.batch_policy or "adaptive",
             latency_objective_ms=config.latency_objective_ms,
             client_timeout_ms=config.client_timeout_ms,
+            deadline_action=config.deadline_action or "reject",
             torch_threads=split_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,

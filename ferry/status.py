@@ -57,6 +57,8 @@ class ModelStatus:
     """The GPUs the workers use; none means they run on the CPU."""
     client_timeout_ms: float | None = None
     """``clientTimeoutInMills``: the deadline of requests that bring none."""
+    deadline_action: str = "reject"
+    """``deadlineAction``: ``reject`` or ``delay`` a request that misses its deadline."""
     batch_policy: dict[str, Any] = field(default_factory=dict)
     """The batch policy's name and state (``describe``: its learned cost curve)."""
 
@@ -99,5 +101,6 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         startup_timeout=runner.settings.startup_timeout,
         gpu_ids=runner.settings.gpu_ids,
         client_timeout_ms=runner.settings.client_timeout_ms,
+        deadline_action=runner.settings.deadline_action,
         batch_policy=runner.queue.describe(),
     )

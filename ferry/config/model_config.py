@@ -49,6 +49,7 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "batchPolicy": ("batch_policy", choice("adaptive", "immediate", "fixed_window")),
     "latencyObjectiveMs": ("latency_objective_ms", number(0.0, above_low=True)),
     "clientTimeoutInMills": ("client_timeout_ms", number(0.0, above_low=True)),
+    "deadlineAction": ("deadline_action", choice("reject", "delay")),
 }
 
 
@@ -82,6 +83,10 @@ class ModelConfig:
     """TorchServe's ``clientTimeoutInMills``: every request's deadline unless it brings
     its own (``x-ferry-deadline-ms``); TorchServe drops such requests silently, Ferry
     answers them ``DeadlineExceeded``."""
+    deadline_action: str | None = None
+    """Ferry, after Triton's queue policy ``timeout_action``: ``reject`` (the default)
+    answers a request that misses its deadline ``DeadlineExceeded``; ``delay`` keeps it,
+    behind every request that can still be on time."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

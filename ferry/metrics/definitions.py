@@ -109,6 +109,13 @@ class FerryMetrics:
             "counter",
             MODEL,
         )
+        self.requests_delayed = Family(
+            "ferry_requests_delayed_total",
+            "Requests that missed their deadline and were kept, behind every request "
+            "still on time (deadlineAction: delay).",
+            "counter",
+            MODEL,
+        )
         self.batch_dispatches = Family(
             "ferry_batch_dispatch_total",
             "Batches handed to workers, by why the batch policy let each go: full, "
@@ -203,6 +210,7 @@ class FerryMetrics:
             self.requests_abandoned,
             self.batch_dispatches,
             self.requests_shed,
+            self.requests_delayed,
             self.responses,
             self.process_cpu,
             self.process_memory,
@@ -409,6 +417,10 @@ class ModelMetrics:
     def shed(self, count: int) -> None:
         if self.enabled:
             self.metrics.requests_shed.counter(*self.labels).inc(count)
+
+    def delayed(self, count: int) -> None:
+        if self.enabled:
+            self.metrics.requests_delayed.counter(*self.labels).inc(count)
 
     def batch_released(self, reason: str, size: int) -> None:
         """A batch of ``size`` left the queue for ``reason`` (the policy's)."""

@@ -61,6 +61,22 @@ class BatchAssembler(Generic[T]):
             level.appendleft((now, job))
             self._count += 1
 
+    def demote(self, job: T, priority: int) -> bool:
+        """Move a queued ``job`` to the back of ``priority`` (a request that missed its
+        deadline, kept last in line); False when it is not queued."""
+        for level_priority, level in self._levels.items():
+            index = next((i for i, (_, queued) in enumerate(level) if queued is job), None)
+            if index is None:
+                continue
+            arrival, _ = level[index]
+            del level[index]
+            if not level:
+                del self._levels[level_priority]
+            # Its arrival stays: the delay bound still counts from it.
+            self._levels.setdefault(priority, deque()).append((arrival, job))
+            return True
+        return False
+
     def _oldest_arrival(self) -> float:
         return min(level[0][0] for level in self._levels.values())
 

@@ -61,6 +61,11 @@ class BatchQueue(Generic[T]):
             self._assembler.put_front(level, now, priority)
         self._wake_all()
 
+    def demote(self, job: T, priority: int) -> bool:
+        """Move a queued ``job`` behind every other, to ``priority``; False when it is no
+        longer queued (a worker has it, or it was answered)."""
+        return self._assembler.demote(job, priority)
+
     def drain(self) -> list[T]:
         return self._assembler.drain(self._clock())
 

@@ -35,7 +35,7 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
-from ferry.scheduling.jobs import InferenceResponse, Job, StreamedPart
+from ferry.scheduling.jobs import LATE_PRIORITY, InferenceResponse, Job, StreamedPart
 from ferry.worker.codec import ProtocolError
 from ferry.worker.handle import WorkerGone, WorkerHandle
 from ferry.worker.messages import BatchResult, ItemResult, PartialResult, PredictBatch
@@ -165,8 +165,13 @@ class Dispatcher:
         metrics: ModelMetrics,
         response_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        delay_late: bool = False,
     ) -> None:
         self.name = name
+        self.delay_late = delay_late
+        """``deadlineAction: delay``: a request whose batch would miss its deadline goes
+        back to the queue, last in line, instead of being answered ``DeadlineExceeded``."""
         self.queue = queue
         self.metrics = metrics
         self.response_timeout = response_timeout
@@ -300,11 +305,19 @@ class Dispatcher:
             self.metrics.abandoned(len(jobs) - len(wanted))
         finish = self._clock() + self.queue.expected_cost(len(wanted))
         late = [job for job in wanted if job.deadline is not None and job.deadline < finish]
-        for job in late:
-            job.fail(
-                DeadlineExceeded("the request's deadline cannot be met: shed before its batch")
-            )
-        return [job for job in wanted if job not in late] if late else wanted
+        if not late:
+            return wanted
+        if self.delay_late:
+            for job in late:
+                job.priority, job.deadline = LATE_PRIORITY, None
+            self.queue.put_front(late)
+            self.metrics.delayed(len(late))
+        else:
+            for job in late:
+                job.fail(
+                    DeadlineExceeded("the request's deadline cannot be met: shed before its batch")
+                )
+        return [job for job in wanted if job not in late]
 
     def _requeue_unstarted(self, jobs: list[Job], error: FerryError) -> None:
         """Requests a failed worker held but had not started on go back to the queue's

@@ -13,6 +13,10 @@ from ferry.worker.messages import RequestItem
 
 _request_ids = itertools.count(1)
 
+LATE_PRIORITY = -1000
+"""Below every priority a client may ask for (x-ferry-priority: -100 to 100): where a
+request that missed its deadline waits under ``deadlineAction: delay``."""
+
 
 def next_request_id() -> str:
     return f"r{next(_request_ids)}"
@@ -59,7 +63,8 @@ class Job:
     deadline: float | None = None
     """``time.monotonic()`` by which the client wants its answer (x-ferry-deadline-ms)."""
     priority: int = 0
-    """Higher goes into a batch first (x-ferry-priority)."""
+    """Higher goes into a batch first (x-ferry-priority); ``LATE_PRIORITY`` once it
+    missed its deadline under ``deadlineAction: delay``."""
 
     def expire(self) -> None:
         """The deadline passed: answer now unless a worker already has the request."""

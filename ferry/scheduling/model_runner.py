@@ -13,7 +13,7 @@ from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
-from ferry.scheduling.jobs import Job
+from ferry.scheduling.jobs import LATE_PRIORITY, Job
 from ferry.scheduling.placement import worker_gpu
 from ferry.scheduling.pool import Backoff, PoolEvents, RecyclePolicy, WorkerPool, WorkerSlot
 from ferry.worker.handle import WorkerFactory
@@ -41,6 +41,9 @@ class RunnerSettings:
     """``latencyObjectiveMs``: the adaptive policy never waits past it."""
     client_timeout_ms: float | None = None
     """``clientTimeoutInMills``: the deadline of requests that bring none."""
+    deadline_action: str = "reject"
+    """``deadlineAction``: what happens to a request that misses its deadline while
+    queued: ``reject`` (answered ``DeadlineExceeded``) or ``delay`` (kept, last in line)."""
 
 
 class _RunnerEvents(PoolEvents):
@@ -91,7 +94,13 @@ class ModelRunner:
             on_dispatch=self.metrics.batch_released,
             priority_of=lambda job: job.priority,
         )
-        self.dispatcher = Dispatcher(name, self.queue, self.metrics, settings.response_timeout)
+        self.dispatcher = Dispatcher(
+            name,
+            self.queue,
+            self.metrics,
+            settings.response_timeout,
+            delay_late=settings.deadline_action == "delay",
+        )
         self.pool = WorkerPool(
             f"{name} v{version}",
             self._spec_for,
@@ -191,6 +200,17 @@ class ModelRunner:
         """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable``."""
         self.check_admission()
         self.queue.put(job)
+
+    def deadline_passed(self, job: Job) -> None:
+        """``job``'s deadline passed: answered ``DeadlineExceeded`` now (``reject``), or
+        kept behind every request that can still be on time (``delay``); either way only
+        if no worker has it yet."""
+        if self.settings.deadline_action == "delay":
+            if self.queue.demote(job, LATE_PRIORITY):
+                job.priority, job.deadline = LATE_PRIORITY, None
+                self.metrics.delayed(1)
+        else:
+            job.expire()
 
     def submit_alone(self, job: Job) -> None:
         """Queue a request that must be alone in its batch, ahead of the others (a

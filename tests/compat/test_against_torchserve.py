@@ -32,7 +32,14 @@ pytestmark = [
     ),
 ]
 
-FERRY_DESCRIBE_EXTRAS = {"ready", "loadError", "jobQueueSize", "deviceIds", "batchPolicy"}
+FERRY_DESCRIBE_EXTRAS = {
+    "ready",
+    "loadError",
+    "jobQueueSize",
+    "deviceIds",
+    "batchPolicy",
+    "deadlineAction",
+}
 """Fields Ferry's describe adds to TorchServe's (README, "Health and readiness")."""
 FERRY_WORKER_EXTRAS = {"device", "restarts", "lastError"}
 

@@ -28,7 +28,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     digest_archive(store, "echo", batchSize=4, maxBatchDelay=20)
     digest_archive(store, "gated", batchSize=1, batchPolicy="fixed_window")
     digest_archive(store, "timed", clientTimeoutInMills=150)
-    with ferry_server(store, ["echo.mar", "gated.mar", "timed.mar"], tmp) as running:
+    digest_archive(store, "kept", batchSize=1, batchPolicy="fixed_window", deadlineAction="delay")
+    archives = ["echo.mar", "gated.mar", "timed.mar", "kept.mar"]
+    with ferry_server(store, archives, tmp) as running:
         yield running
 
 
@@ -113,6 +115,45 @@ def test_torchserves_client_timeout_is_every_requests_deadline(
         assert_error(shed, 504, "DeadlineExceededException")
 
 
+def test_with_deadline_action_delay_a_late_request_is_kept_behind_those_on_time(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """Triton's timeout action DELAY: the request whose deadline passed while the only
+    worker was busy is not answered 504; it runs after the request that came later
+    without a deadline, and both are answered."""
+    with server.management() as client:
+        (described,) = client.get("/models/kept").json()
+        assert described["deadlineAction"] == "delay"
+    ran_as: dict[str, int] = {}
+
+    def send(name: str, headers: dict[str, str]) -> None:
+        response = httpx.post(
+            f"{server.url}/predictions/kept", content=name.encode(), headers=headers, timeout=120
+        )
+        assert response.status_code == 200, response.text
+        ran_as[name] = response.json()["sequence"]
+
+    def delayed() -> bool:
+        return _gauge(server.metrics(), "ferry_requests_delayed_total", "kept") == 1
+
+    senders = []
+    with busy_worker(server, "kept", tmp_path / "gate"):
+        late = threading.Thread(target=send, args=("late", {"x-ferry-deadline-ms": "50"}))
+        late.start()
+        wait_until("the late request to be delayed", delayed)
+        on_time = threading.Thread(target=send, args=("on time", {}))
+        on_time.start()
+        senders = [late, on_time]
+        wait_until(
+            "both requests queued",
+            lambda: _gauge(server.metrics(), "ferry_queue_depth", "kept") == 2,
+        )
+    for sender in senders:
+        sender.join(timeout=120)
+    assert sorted(ran_as, key=ran_as.__getitem__) == ["on time", "late"]
+    assert _gauge(server.metrics(), "ferry_requests_shed_total", "kept") == 0
+
+
 def test_a_higher_priority_request_overtakes_queued_ones(
     server: RunningServer, tmp_path: Path
 ) -> None:
@@ -158,6 +199,8 @@ def test_bad_priorities_are_refused(server: RunningServer) -> None:
 
 
 def _gauge(metrics: str, name: str, model: str) -> float:
+    """The sample's value; 0 while it is absent (a counter appears when first counted)."""
     prefix = f'{name}{{model_name="{model}",model_version="1.0"}} '
-    (line,) = [line for line in metrics.splitlines() if line.startswith(prefix)]
-    return float(line.removeprefix(prefix))
+    lines = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    assert len(lines) <= 1
+    return float(lines[0].removeprefix(prefix)) if lines else 0.0

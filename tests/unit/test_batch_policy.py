@@ -341,6 +341,20 @@ def test_a_full_queue_refuses_every_priority_and_retries_keep_theirs() -> None:
     assert queue.drain(0.4) == [5, 6]
 
 
+def test_a_demoted_job_goes_behind_every_priority_and_keeps_its_arrival() -> None:
+    queue = _queue(batch_size=4, policy="fixed_window")
+    queue.put(1, now=0.0, priority=0)
+    queue.put(2, now=0.01, priority=0)
+    queue.put(3, now=0.02, priority=-100)
+    assert queue.demote(1, priority=-1000)
+    assert not queue.demote(9, priority=-1000)  # not queued: nothing to move
+    # The delay bound still counts from job 1's arrival, the oldest.
+    assert not queue.decision(0.049, worker_free_since=0.0).dispatch
+    assert queue.decision(0.05, worker_free_since=0.0).dispatch
+    assert queue.take(0.05) == [2, 3, 1]
+    assert len(queue) == 0
+
+
 def test_the_asyncio_queue_files_each_job_under_its_own_priority() -> None:
     from ferry.scheduling.batch_queue import BatchQueue
 

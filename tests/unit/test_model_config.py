@@ -84,6 +84,12 @@ def test_every_section_parses_to_typed_fields(tmp_path: Path) -> None:
     assert config.raw["handler"] == {"scale": 3} and config.raw["jobQueueSize"] == 10
 
 
+def test_deadline_action_is_read() -> None:
+    config = parse_model_config({"deadlineAction": "delay"}, source="t")
+    assert config.deadline_action == "delay"
+    assert parse_model_config({}, source="t").deadline_action is None
+
+
 def test_absent_sections_are_defaults() -> None:
     config = parse_model_config({"micro_batching": {}, "optimization": None}, source="t")
     assert config.micro_batching is None and config.optimization == OptimizationConfig()
@@ -149,6 +155,7 @@ def test_a_typo_in_a_section_names_the_key(document: dict[str, Any], message: st
         ({"responseTimeout": 0}, "responseTimeout: must be greater than 0"),
         ({"deviceIds": [0, -1]}, r"deviceIds\[1\]"),
         ({"maxWorkers": True}, "maxWorkers: expected an integer"),
+        ({"deadlineAction": "drop"}, "deadlineAction"),
     ],
 )
 def test_invalid_values_name_the_key(document: dict[str, Any], key: str) -> None:

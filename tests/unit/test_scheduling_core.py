@@ -4,6 +4,7 @@ of Ferry's own delivery answers every request, and the slot carries on."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from ferry.errors import (
     ClientGone,
+    DeadlineExceeded,
     HandlerFailed,
     ModelLoadFailed,
     NoWorkerAvailable,
@@ -438,6 +440,61 @@ def test_a_request_that_hangs_in_a_batch_times_out_alone() -> None:
         await runner.stop()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("action", ["reject", "delay"])
+def test_a_request_whose_deadline_passes_in_the_queue_is_answered_or_kept_last(
+    action: str,
+) -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.ECHO), deadline_action=action)
+        late, on_time, lowest = make_job(b"late"), make_job(b"on time"), make_job(b"lowest")
+        lowest.priority = -100  # the lowest a client may ask for
+        for job in (late, on_time, lowest):
+            runner.queue.put(job)  # no worker yet: they wait
+        late.deadline = 0.0
+        runner.deadline_passed(late)
+        if action == "reject":
+            assert isinstance(late.future.exception(), DeadlineExceeded)
+            taken = runner.queue.take_ready() or []  # answered jobs are dropped at dispatch
+            assert [job for job in taken if not job.future.done()] == [on_time, lowest]
+        else:
+            assert not late.future.done() and late.deadline is None
+            assert runner.queue.take_ready() == [on_time, lowest, late]
+            assert _counter(runner, "ferry_requests_delayed_total") == 1
+        on_time.attempts = 1  # sent to a worker, as the dispatcher counts it
+        runner.deadline_passed(on_time)  # a worker has it: nothing changes
+        assert not on_time.future.done() and on_time.priority == 0
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("action", ["reject", "delay"])
+def test_a_batch_that_would_miss_a_requests_deadline_sheds_or_delays_it(action: str) -> None:
+    async def scenario() -> None:
+        runner = runner_with(FakeFactory(Behaviour.ECHO), deadline_action=action)
+        runner.start()
+        await runner.wait_started()
+        late, fine = make_job(b"late"), make_job(b"fine")
+        late.deadline = time.monotonic() - 1  # past, though its timer has not fired
+        runner.submit(late)
+        runner.submit(fine)
+        results = await outcomes([late, fine])
+        if action == "reject":
+            assert isinstance(results[0], DeadlineExceeded) and bodies(results) == [b"fine"]
+        else:
+            assert bodies(results) == [b"late", b"fine"]  # answered, after the batch
+            assert _counter(runner, "ferry_requests_delayed_total") == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def _counter(runner: ModelRunner, name: str) -> float:
+    prefix = f'{name}{{model_name="m",model_version="1.0"}} '
+    text = runner.metrics.metrics.exposition()
+    (line,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(line.removeprefix(prefix))
 
 
 def test_requests_whose_client_hung_up_never_reach_a_worker() -> None:
