@@ -23,6 +23,8 @@ class BenchmarkServer:
     url: str
     """The inference API."""
     log_path: Path
+    metrics_url: str = ""
+    """The metrics API (Prometheus text at ``/metrics``)."""
 
 
 @contextmanager
@@ -49,7 +51,8 @@ def ferry_server(
         )
     try:
         _wait_ready(process, ready_file, log_path)
-        yield BenchmarkServer(json.loads(ready_file.read_text())["inference"], log_path)
+        urls = json.loads(ready_file.read_text())
+        yield BenchmarkServer(urls["inference"], log_path, urls.get("metrics", ""))
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
