@@ -21,6 +21,7 @@ import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
+from tests.fixtures.gate import busy_worker
 from tests.fixtures.models import HANDLERS, echo_store, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import children_of, is_running
@@ -189,6 +190,30 @@ def test_a_second_signal_while_shutting_down_exits_at_once(store: Path, tmp_path
 def _post_quietly(url: str, body: bytes) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the server exits while it is in flight
         httpx.post(f"{url}/predictions/echo", content=body, timeout=120)
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/ping", timeout=10)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(store: Path, tmp_path: Path) -> None:
+    """No drain delay: after SIGTERM the listener stops accepting, yet the request a worker
+    holds is still answered 200 (it is released only once new connections are refused),
+    then the server exits 0."""
+    with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
+        with busy_worker(server, "echo", tmp_path / "gate") as statuses:
+            server.process.send_signal(signal.SIGTERM)
+            wait_until(
+                "the listener to refuse connections",
+                lambda: _refused(server.url),
+                process=server.process,
+            )
+        assert statuses == [200]
+        assert server.process.wait(timeout=90) == 0
 
 
 def test_during_the_drain_delay_readiness_is_503_and_requests_are_still_served(
