@@ -349,6 +349,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _report_link(server: str) -> str:
+    """A server's own report: ``limit.md`` from ``ferry bench limit``, or the figures of
+    ``external_sweep`` (Triton), which writes no page of its own."""
+    folder = FOLDER / server.replace(" ", "_")
+    page = folder / "limit.md"
+    return str((page if page.exists() else folder / "limit.json").relative_to(RESULTS))
+
+
 def write_report(
     reports: dict[str, dict[str, Any]],
     trace_figures: dict[str, TraceFigures],
@@ -382,7 +390,7 @@ def write_report(
         f"{bounds['ceiling_sequential']:.1f} req/s, X_SLO {bounds['slo_capacity'] or 0:.1f} "
         f"req/s at a p99 SLO of {slo:g} ms. {SECONDS_PER_RATE} s per rate, same seed and "
         "rates for every server. Reports: "
-        + ", ".join(f"[{n}](batching_peers/{n.replace(' ', '_')}/limit.md)" for n in names)
+        + ", ".join(f"[{n}]({_report_link(n)})" for n in names)
         + ".",
         "",
         "p50 / p99 in ms per offered load:",
