@@ -1,6 +1,6 @@
 """The tail at given offered loads, server against server, in paired rounds.
 
-    python benchmarks/peer_tail.py --rates 11.6,27.1 --rounds 6 --seconds 30
+    python benchmarks/peer_tail.py          # about 30 minutes here
 
 The peer benchmark (``batching_peers.py``) runs each rate once for 15 s: its p99 is the
 fourth-slowest of ~400 requests, and ``policy_simulation.md`` shows how far such a p99
@@ -9,7 +9,9 @@ evidence: the servers named (default Ferry ``adaptive`` and Triton, the same Res
 pipeline, batch 8, 50 ms delay, 480x480 JPEGs as there) all start once and stay up; each
 round sends every server, in alternating order, the same seeded Poisson trace at each
 rate (a new seed per round). Per rate: each round's p50/p99 per server, the median over
-rounds, and in how many rounds each server had the lower p99.
+rounds, and in how many rounds each server had the lower p99. Triton needs
+``scripts/triton-venv.sh`` (TorchServe, ``--servers 'ferry adaptive,torchserve'``,
+``scripts/torchserve-venv.sh``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from benchmarks.common import machine_description, publish
 from ferry.bench.load import LoadResult, LoadSpec, run_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PEER_RATES = "3.9,11.6,19.3,27.1,30.9,34.8,36.7"
+"""The rates of the committed peer benchmark's sweep (10% to 95% of its X*)."""
 
 
 def load(target: Target, spec: LoadSpec) -> LoadResult:
@@ -44,8 +48,8 @@ def spec_for(target: Target, **shape: Any) -> LoadSpec:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", default="ferry adaptive,triton")
-    parser.add_argument("--rates", default="11.6,27.1", help="requests/s, comma-separated")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rates", default=PEER_RATES, help="requests/s, comma-separated")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "peer_tail.md")
     args = parser.parse_args()
