@@ -35,10 +35,15 @@ def log_access(
     start: float,
     answer: Prediction | None,
 ) -> None:
-    """One line per request: model, version, status, latency, queue time, batch size."""
+    """One line per request: model, version, status, latency, queue time, batch size.
+
+    On every request of a busy server: method and path come straight from the ASGI scope
+    (``request.url`` would build a URL object only to take its path back out)."""
+    if not access.isEnabledFor(logging.INFO):
+        return
     fields = {
-        "method": request.method,
-        "path": request.url.path,
+        "method": request.scope["method"],
+        "path": request.scope["path"],
         "status": status,
         "model": model,
         "version": version,
@@ -46,9 +51,8 @@ def log_access(
         "queue_ms": round(answer.queued_seconds * 1000, 3) if answer else None,
         "batch_size": answer.batch_size if answer else None,
     }
-    if access.isEnabledFor(logging.INFO):
-        text = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
-        access.info(text, extra={"fields": fields})
+    text = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+    access.info(text, extra={"fields": fields})
 
 
 def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlette:
@@ -117,12 +121,13 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
             log_access(request, response.status_code, model, version, start, answer)
         return response
 
+    # Starlette tries routes in order, one regex each: predictions, the hot path, first.
     routes = [
+        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
         Route("/ping", ping, methods=["GET"]),
         Route("/ping/{model}", model_ready, methods=["GET"]),
         Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
-        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
         Route("/explanations/{model}", explain, methods=["POST", "PUT"]),
         Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
         *workflow_inference_routes(workflows, record, limit),
