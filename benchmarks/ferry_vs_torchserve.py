@@ -1,12 +1,11 @@
 """Ferry against TorchServe, side by side in one run, on the same archives and handler.
 
-    python -m venv /tmp/ts-venv
-    /tmp/ts-venv/bin/pip install torch==2.13.0 torchserve torch-model-archiver pillow numpy \
-        pyyaml psutil packaging
-    TORCHSERVE_BIN_DIR=/tmp/ts-venv/bin python benchmarks/ferry_vs_torchserve.py
+    bash scripts/torchserve-venv.sh           # TorchServe 0.12 in .venv-torchserve
+    TORCHSERVE_BIN_DIR=.venv-torchserve/bin .venv/bin/python benchmarks/ferry_vs_torchserve.py
 
 ResNet-18 (random weights, TorchScript) behind a TorchServe-style handler, JPEG input, one
-worker, batch size 1 and 8, concurrency 1 and 16; plus a no-op handler. Each server gets
+worker, batch size 1 and 8, concurrency 1 and 16; plus a no-op handler at concurrency 16
+and 64 (the servers' own overhead). Each server gets
 the same config.properties (``models`` JSON for batch size, delay and workers); rounds
 alternate which server goes first; medians are reported.
 """
@@ -56,7 +55,7 @@ def main() -> None:
     cases = [
         ("resnet18", resnet, batch, concurrency) for batch in (1, 8) for concurrency in (1, 16)
     ]
-    cases.append(("no-op", noop, 8, 16))
+    cases += [("no-op", noop, 8, concurrency) for concurrency in (16, 64)]
     results: dict[tuple[str, int, int, str], list[tuple[float, float, float]]] = {}
     servers = ["ferry", "torchserve"]
     for round_index in range(args.rounds):

@@ -211,9 +211,13 @@ def start_server(
         # TORCHSERVE_BIN_DIR: the bin folder of a virtual environment holding TorchServe.
         executable = shutil.which("torchserve", path=os.environ.get("TORCHSERVE_BIN_DIR"))
         if executable is None:
-            raise ServerFailed("torchserve is not installed (see benchmarks/README.md)")
+            raise ServerFailed(
+                "torchserve not found: run `bash scripts/torchserve-venv.sh` and set "
+                "TORCHSERVE_BIN_DIR=.venv-torchserve/bin"
+            )
         argv = [
-            executable,
+            # Absolute: the server starts in its own folder, where a relative path fails.
+            os.path.abspath(executable),
             "--start",
             "--foreground",
             "--ncs",
