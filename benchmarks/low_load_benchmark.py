@@ -14,7 +14,9 @@ interleaved rounds (order alternating, medians):
 - ``served``: the same archive behind ``ferry serve`` (one worker, the default batch
   policy), one request at a time, back to back and after the same gaps; the server's own
   stage timings (its metrics) say how much of the difference is inside the worker;
-- ``no-op``: a no-op archive on the same server, the round trip, back to back and after
+- ``pinned``: the same archive on a second server started with ``cpu_pinning=true`` (the
+  worker's torch threads bound to cores of their own), the same requests;
+- ``no-op``: a no-op archive on the first server, the round trip, back to back and after
   the gaps.
 """
 
@@ -49,7 +51,8 @@ from ferry.config.settings import available_cores, threads_per_worker
 from ferry.worker.torch_setup import configure_torch, worker_environment
 
 BATCH, DELAY_MS = 8, 50
-MODES = ("offline", "served", "noop")
+MODES = ("offline", "served", "pinned", "noop")
+SERVED = ("served", "pinned")
 STAGE = re.compile(r'^ferry_batch_stage_seconds_sum\{model_name="resnet18".*stage="(\w+)"\} (\S+)')
 REQUEST = re.compile(r'^ferry_(request_duration|queue_wait)_seconds_sum\{model_name="resnet18"')
 
@@ -60,7 +63,8 @@ class Figures:
 
     latencies: dict[str, list[list[float]]] = field(default_factory=dict)
     server_ms: dict[str, list[dict[str, float]]] = field(default_factory=dict)
-    """Served requests: the server's own per-request means (stages, queue, total) by round."""
+    """Served requests, by mode and pacing: the server's own per-request means (stages,
+    queue, total) by round."""
 
     def add(self, key: str, values: list[float]) -> None:
         self.latencies.setdefault(key, []).append(values)
@@ -109,9 +113,22 @@ def run(args: argparse.Namespace) -> None:
     rate = args.fraction * BATCH / (batch_ms / 1000)
     print(f"offline batch of {BATCH}: {batch_ms:.1f} ms; arrivals at {rate:.1f} req/s", flush=True)
     archives = [f"resnet18={archive}", f"noop={noop}"]
-    with ferry_server(store, archives, tmp) as server, httpx.Client(timeout=60) as client:
-        calls = {**_served_calls(client, server.url, payloads), "offline": offline}
-        figures = _rounds(args, rate, calls, lambda: _server_sums(client, server.metrics_url))
+    (tmp / "pinned").mkdir()
+    with (
+        ferry_server(store, archives, tmp) as server,
+        ferry_server(store, archives[:1], tmp / "pinned", "--cpu-pinning", "true") as pinned,
+        httpx.Client(timeout=60) as client,
+    ):
+        calls = {
+            **_served_calls(client, server.url, payloads),
+            "pinned": _served_calls(client, pinned.url, payloads)["served"],
+            "offline": offline,
+        }
+        sums = {
+            "served": lambda: _server_sums(client, server.metrics_url),
+            "pinned": lambda: _server_sums(client, pinned.metrics_url),
+        }
+        figures = _rounds(args, rate, calls, sums)
     publish(args.out, render(args, rate, batch_ms, figures))
 
 
@@ -119,11 +136,11 @@ def _rounds(
     args: argparse.Namespace,
     rate: float,
     calls: dict[str, Callable[[int], object]],
-    server_sums: Callable[[], dict[str, float]],
+    server_sums: dict[str, Callable[[], dict[str, float]]],
 ) -> Figures:
     """Every mode, back to back and idle, in ``args.rounds`` rounds of alternating order."""
     figures = Figures()
-    for name in ("served", "noop"):  # warm-up
+    for name in ("served", "pinned", "noop"):  # warm-up
         for index in range(20):
             calls[name](index)
     for index in range(args.rounds):
@@ -131,16 +148,16 @@ def _rounds(
         order = MODES if index % 2 == 0 else tuple(reversed(MODES))
         for mode in order:
             for pacing in ("b2b", "idle"):
-                before = server_sums()
+                before = server_sums[mode]() if mode in SERVED else {}
                 times = _timed(calls[mode], len(gaps), gaps if pacing == "idle" else None)
                 figures.add(f"{mode} {pacing}", times)
-                if mode == "served":
-                    after = server_sums()
+                if mode in SERVED:
+                    after = server_sums[mode]()
                     per_request = {
                         key: (after[key] - before.get(key, 0.0)) * 1000 / len(times)
                         for key in after
                     }
-                    figures.server_ms.setdefault(pacing, []).append(per_request)
+                    figures.server_ms.setdefault(f"{mode} {pacing}", []).append(per_request)
         summary = ", ".join(
             f"{key} {statistics.median(values[-1]):.1f}"
             for key, values in figures.latencies.items()
@@ -212,6 +229,7 @@ def render(args: argparse.Namespace, rate: float, batch_ms: float, figures: Figu
     p90 = {key: figures.p(key, 90) for key in figures.latencies}
     floor = p50["offline b2b"] + p50["noop b2b"]
     served_idle = p50["served idle"]
+    pinned_idle = p50["pinned idle"]
     machine = p50["offline idle"] - p50["offline b2b"]
     own_idle = served_idle - p50["offline idle"] - p50["noop idle"]
     own_b2b = p50["served b2b"] - p50["offline b2b"] - p50["noop b2b"]
@@ -241,6 +259,7 @@ def render(args: argparse.Namespace, rate: float, batch_ms: float, figures: Figu
     names = {
         "offline": "pipeline offline, batch 1",
         "served": "served, one request at a time",
+        "pinned": "served with `cpu_pinning`, one request at a time",
         "noop": "no-op round trip",
     }
     for mode in MODES:
@@ -252,7 +271,7 @@ def render(args: argparse.Namespace, rate: float, batch_ms: float, figures: Figu
         "Inside the server, per served request (its metrics: time in the queue, in each "
         "handler stage in the worker, and arrival to answer), medians over rounds, ms:",
         "",
-        "| pacing | queue | preprocess | inference | postprocess | whole request |",
+        "| server, pacing | queue | preprocess | inference | postprocess | whole request |",
         "|---|---|---|---|---|---|",
     ]
     for pacing, sums in server.items():
@@ -271,6 +290,10 @@ def render(args: argparse.Namespace, rate: float, batch_ms: float, figures: Figu
         f"- What serving adds beyond the pipeline and the no-op round trip: {own_b2b:+.1f} ms "
         f"back to back, {own_idle:+.1f} ms after idling (served minus offline minus no-op, "
         "each at the same pacing).",
+        f"- With `cpu_pinning`, served at this rate: p50 {pinned_idle:.1f} ms, "
+        f"{pinned_idle - floor:+.1f} ms over L0 ({pinned_idle - served_idle:+.1f} ms against "
+        f"the default server); back to back {p50['pinned b2b']:.1f} ms against "
+        f"{p50['served b2b']:.1f} ms.",
     ]
     return lines
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -140,7 +142,11 @@ class FerryService:
         self._cores = cores
         """The cores this server's workers share (default: all this process may use; a
         Ray replica passes the CPUs Ray gave it)."""
-        self._start_worker = start_worker or _local_worker_factory()
+        if settings.cpu_pinning and cores is not None:
+            log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
+        self._start_worker = start_worker or _local_worker_factory(
+            settings.cpu_pinning and cores is None
+        )
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._background: set[asyncio.Task[None]] = set()
@@ -862,10 +868,15 @@ def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
     return f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
 
 
-def _local_worker_factory() -> WorkerFactory:
+def _local_worker_factory(pin_cores: bool) -> WorkerFactory:
+    """Workers as local processes; with ``pin_cores``, each one's torch threads on cores
+    of its own (``ferry.worker.cpu_pinning``) among those this process may use."""
+    from ferry.worker.cpu_pinning import CoreAllocator
     from ferry.worker.process import WorkerProcess
 
-    return WorkerProcess.start
+    if not pin_cores:
+        return WorkerProcess.start
+    return functools.partial(WorkerProcess.start, cores=CoreAllocator(os.sched_getaffinity(0)))
 
 
 __all__ = ["FerryService"]

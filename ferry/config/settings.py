@@ -183,6 +183,10 @@ class ServerSettings:
 
     access_log: bool = True
     """One log line per inference request (logger ``ferry.access``)."""
+    cpu_pinning: bool = False
+    """Bind each worker's torch threads to cores no other worker of this server holds
+    (``ferry.worker.cpu_pinning``); off because two servers on one machine would pin to
+    the same cores."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""
     log_level: str = "INFO"

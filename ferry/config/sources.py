@@ -225,6 +225,7 @@ OPTIONS = (
     Option("service_envelope", "service_envelope", _envelope),
     Option("log_format", "log_format", _choice("plain", "json")),
     Option("access_log", "access_log", _boolean),
+    Option("cpu_pinning", "cpu_pinning", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("ready_file", "ready_file", _path),
     Option("log_location", "log_location", _path),

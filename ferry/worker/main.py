@@ -14,6 +14,7 @@ import threading
 from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
+from ferry.worker.cpu_pinning import forget_pinning
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = read_spec(reader)
         if spec is None:
             return 1
-        configure_torch(spec.torch_threads)
+        configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
+        forget_pinning()
         return serve(sock, reader, spec)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
 from ferry.handlers.context import Context
+from ferry.worker.cpu_pinning import spread_over_worker_cores
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
@@ -76,8 +77,13 @@ class StagePipeline:
     def __init__(self, handler: Any, settings: PipelineSettings) -> None:
         self.handler = handler
         self.settings = settings
-        self._pre = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="pre")
-        self._post = ThreadPoolExecutor(settings.postprocess_threads, thread_name_prefix="post")
+        # Stage threads run beside the model's: with cpu_pinning, on all the worker's cores.
+        self._pre = ThreadPoolExecutor(
+            settings.preprocess_threads, "pre", initializer=spread_over_worker_cores
+        )
+        self._post = ThreadPoolExecutor(
+            settings.postprocess_threads, "post", initializer=spread_over_worker_cores
+        )
         self._processes = (
             _start_processes(handler, settings.preprocess_threads)
             if settings.preprocess_in_processes

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ferry.worker import codec
+from ferry.worker.cpu_pinning import CoreAllocator, pinned_environment, user_pins_threads
 from ferry.worker.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
 from ferry.worker.messages import (
     BatchResult,
@@ -55,12 +56,38 @@ class WorkerProcess:
         return WorkerInfo(self.pid, self.device)
 
     @classmethod
-    async def start(cls, spec: WorkerSpec, startup_timeout: float) -> WorkerProcess:
-        """Spawn the worker, send it its spec, and wait until it has loaded its handler.
-        Raises ``WorkerStartFailed``; the process never outlives a failed start."""
+    async def start(
+        cls, spec: WorkerSpec, startup_timeout: float, cores: CoreAllocator | None = None
+    ) -> WorkerProcess:
+        """Spawn the worker, send it its spec, and wait until it has loaded its handler;
+        with ``cores``, its torch threads on cores of its own while it lives (when enough
+        are free and the user pins nothing). Raises ``WorkerStartFailed``; the process
+        never outlives a failed start."""
+        env = worker_environment(os.environ)
+        pinned = None
+        if cores is not None and not user_pins_threads(env):
+            pinned = cores.claim(spec.torch_threads)
+            if pinned is not None:
+                env.update(pinned_environment(pinned))
+        try:
+            worker = await cls._start(spec, startup_timeout, env)
+        except BaseException:
+            if pinned is not None and cores is not None:
+                cores.release(pinned)
+            raise
+        if pinned is not None and cores is not None:
+            claim = pinned
+            worker.exited.add_done_callback(lambda _: cores.release(claim))
+            log.info("%s worker pid %s pinned to cores %s", spec.model_name, worker.pid, pinned)
+        return worker
+
+    @classmethod
+    async def _start(
+        cls, spec: WorkerSpec, startup_timeout: float, env: dict[str, str]
+    ) -> WorkerProcess:
         parent_sock, child_sock = socket.socketpair()
         try:
-            process = await _spawn(child_sock)
+            process = await _spawn(child_sock, env)
         except OSError as exc:
             parent_sock.close()
             raise WorkerStartFailed(
@@ -125,7 +152,7 @@ class WorkerProcess:
         self._writer.close()
 
 
-async def _spawn(child_sock: socket.socket) -> asyncio.subprocess.Process:
+async def _spawn(child_sock: socket.socket, env: dict[str, str]) -> asyncio.subprocess.Process:
     # -P: the frontend's working directory is not put on the worker's import path, so a
     # stray ``image_classifier.py`` there cannot replace a built-in handler.
     return await asyncio.create_subprocess_exec(
@@ -139,7 +166,7 @@ async def _spawn(child_sock: socket.socket) -> asyncio.subprocess.Process:
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env=worker_environment(os.environ),
+        env=env,
     )
 
 

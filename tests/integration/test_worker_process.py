@@ -34,7 +34,9 @@ def test_a_worker_of_another_protocol_version_fails_to_start_and_is_killed(
 ) -> None:
     spawned: list[asyncio.subprocess.Process] = []
 
-    async def other_version(child: socket.socket) -> asyncio.subprocess.Process:
+    async def other_version(
+        child: socket.socket, env: dict[str, str]
+    ) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -63,7 +65,7 @@ def test_a_worker_of_another_protocol_version_fails_to_start_and_is_killed(
 def test_a_worker_that_cannot_be_spawned_is_a_deterministic_start_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def too_big(child: socket.socket) -> asyncio.subprocess.Process:
+    async def too_big(child: socket.socket, env: dict[str, str]) -> asyncio.subprocess.Process:
         raise OSError(errno.E2BIG, os.strerror(errno.E2BIG))
 
     monkeypatch.setattr(worker_process, "_spawn", too_big)

@@ -1,0 +1,77 @@
+"""Handing cores to workers, and the environment that binds a worker's threads to them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ferry.worker import cpu_pinning
+from ferry.worker.cpu_pinning import (
+    PINNED_BY_FERRY,
+    CoreAllocator,
+    forget_pinning,
+    pinned_environment,
+    user_pins_threads,
+)
+
+
+@pytest.fixture(autouse=True)
+def unpinned_afterwards() -> Iterator[None]:
+    """``forget_pinning`` remembers the worker's cores for the process: not past a test."""
+    yield
+    cpu_pinning._worker_cores = None
+
+
+def test_no_two_live_workers_hold_a_core_and_released_cores_are_handed_out_again() -> None:
+    cores = CoreAllocator([3, 1, 2, 0])
+    first = cores.claim(2)
+    second = cores.claim(2)
+    assert first == (0, 1) and second == (2, 3)
+    assert cores.claim(1) is None  # none free: that worker runs unpinned
+    cores.release(first or ())
+    assert cores.claim(1) == (0,)
+    assert cores.claim(2) is None  # one free, two asked for
+    assert cores.claim(0) is None
+
+
+def test_the_environment_binds_one_thread_per_core() -> None:
+    assert pinned_environment((4, 5, 6)) == {
+        "OMP_PLACES": "{4},{5},{6}",
+        "OMP_PROC_BIND": "close",
+        PINNED_BY_FERRY: "4,5,6",
+    }
+
+
+def test_a_user_who_pins_threads_is_left_alone() -> None:
+    assert not user_pins_threads({"OMP_NUM_THREADS": "2", "OMP_PROC_BIND": ""})
+    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):
+        assert user_pins_threads({name: "x"})
+
+
+def test_a_pinned_worker_drops_the_binding_but_not_the_users_variables() -> None:
+    pinned = {**pinned_environment((1,)), "OMP_NUM_THREADS": "1"}
+    assert forget_pinning(pinned) == (1,)
+    assert pinned == {"OMP_NUM_THREADS": "1"}
+    users_own = {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}
+    assert forget_pinning(users_own) is None  # Ferry did not pin: nothing of theirs goes
+    assert users_own == {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}
+
+
+def test_a_pinned_workers_own_threads_may_use_all_its_cores() -> None:
+    every = tuple(sorted(os.sched_getaffinity(0)))
+    environ = pinned_environment(every)
+    assert forget_pinning(environ) == every
+    seen: list[set[int]] = []
+
+    def stage_thread() -> None:
+        os.sched_setaffinity(0, every[:1])  # as if started by a thread bound to one core
+        cpu_pinning.spread_over_worker_cores()
+        seen.append(os.sched_getaffinity(0))
+
+    thread = threading.Thread(target=stage_thread)
+    thread.start()
+    thread.join()
+    assert seen == [set(every)]
