@@ -87,6 +87,11 @@ def forget_pinning(environ: MutableMapping[str, str] = os.environ) -> tuple[int,
     return _worker_cores
 
 
+def worker_cores() -> tuple[int, ...] | None:
+    """The cores of this pinned worker (None: not pinned, or not a worker)."""
+    return _worker_cores
+
+
 def spread_over_worker_cores() -> None:
     """For a thread the worker starts (a stage pipeline's): every core of the worker, not
     only the first, to which OpenMP bound the thread that started it."""

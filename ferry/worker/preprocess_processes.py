@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import pickle
 import sys
 import threading
@@ -23,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ferry.worker.cpu_pinning import worker_cores
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 
 log = logging.getLogger("ferry.worker")
@@ -31,10 +33,12 @@ _handler: Any = None
 """The handler copy of this child process."""
 
 
-def _start_child(state: bytes, import_paths: list[str]) -> None:
+def _start_child(state: bytes, import_paths: list[str], cores: tuple[int, ...] | None) -> None:
     global _handler
     die_with_parent()
     ignore_interrupts()
+    if cores is not None:  # a pinned worker's: spread over its cores, not its first one
+        os.sched_setaffinity(0, cores)
     sys.path[:] = import_paths  # the model folder and the ts shim, as in the worker
     import torch
 
@@ -75,7 +79,9 @@ class PreprocessProcesses:
             self._processes,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_child,
-            initargs=(self._state, list(sys.path)),
+            # A child inherits the affinity of the thread that starts it: with cpu_pinning,
+            # one core; it takes every core of the worker instead.
+            initargs=(self._state, list(sys.path), worker_cores()),
         )
         # Start the children now rather than on the first batch.
         for future in [pool.submit(_ready) for _ in range(self._processes)]:

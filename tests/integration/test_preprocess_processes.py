@@ -14,6 +14,7 @@ import torch
 
 from ferry.handlers.base_handler import BaseHandler
 from ferry.handlers.exceptions import PredictionException
+from ferry.worker import cpu_pinning
 from ferry.worker.pipeline import PipelineSettings, StagePipeline
 from ferry.worker.preprocess_processes import PreprocessProcessDied
 from tests.fixtures.handler_inputs import batch_context
@@ -35,6 +36,13 @@ class PidHandler(BaseHandler):
 
     def postprocess(self, data: Any) -> list[Any]:
         return [(int(value), int(pid)) for value, pid in data.tolist()]
+
+
+class AffinityHandler(PidHandler):
+    """Reports on how many cores the process that ran its preprocess may run."""
+
+    def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
+        return torch.tensor([[float(len(os.sched_getaffinity(0))), 0.0] for _ in data])
 
 
 class LockedHandler(PidHandler):
@@ -79,3 +87,22 @@ def test_a_handler_that_cannot_be_copied_keeps_threads(caplog: pytest.LogCapture
     results = stages.handle([{"body": i} for i in range(3)], batch_context(3))
     stages.close()
     assert results == [(i, os.getpid()) for i in range(3)]
+
+
+def test_with_cpu_pinning_children_use_every_core_of_the_worker() -> None:
+    """A pinned worker's main thread is bound to its first core, and a spawned child
+    inherits that: the pool's children take all the worker's cores back."""
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    cpu_pinning._worker_cores = cores
+    os.sched_setaffinity(0, cores[:1])  # this thread, as OpenMP binds a worker's
+    try:
+        settings = PipelineSettings(2, 1, 1, preprocess_in_processes=True)
+        stages = StagePipeline(AffinityHandler(), settings)
+        try:
+            results = stages.handle([{"body": i} for i in range(4)], batch_context(4))
+        finally:
+            stages.close()
+    finally:
+        os.sched_setaffinity(0, cores)
+        cpu_pinning._worker_cores = None
+    assert [count for count, _ in results] == [len(cores)] * 4
