@@ -5,7 +5,9 @@ operation; when the scheduler queues it behind the thread that waits for it, a l
 request pays milliseconds (ResNet-18's input normalisation: 5.6 ms instead of 0.2 ms on
 two cores, ``benchmarks/results/low_load.md``). OpenMP threads bound to distinct cores
 never queue behind each other. The frontend hands out cores so that no two live workers
-share one; a worker that finds too few free runs unpinned.
+share one; a worker that finds too few free runs unpinned. OpenMP binds the handler's
+thread to the worker's first core, and threads it starts inherit that: Ferry's own (stage
+threads, preprocess processes) take all the worker's cores back.
 
 Off by default, as TorchServe's core pinning is: two servers (or two pods whose containers
 see every core) pinning on one machine would pin to the same cores.
