@@ -1,14 +1,14 @@
 """The server's own overhead against an earlier revision: the no-op handler's requests/s,
-this working tree against ``--base``, in alternating rounds.
+this working tree against one or more ``--base`` revisions, in rotating rounds.
 
-    python benchmarks/revision_ab.py --base b05bbcd
+    python benchmarks/revision_ab.py --base b05bbcd [--base HEAD ...]
 
-The base revision is checked out into a temporary git worktree and served from it
-(``PYTHONPATH``; workers inherit it), the working tree from here; both with their default
+Each base revision is checked out into a temporary git worktree and served from it
+(``PYTHONPATH``; workers inherit it), the working tree from here; all with their default
 settings, one worker, the same no-op archive, the same load generator (this tree's
-``ferry bench load`` machinery), closed loop. Each round measures both, the order
-alternating; a warm-up precedes every measurement. Writes the medians and their ratio to
-``benchmarks/results/revision_ab.md``.
+``ferry bench load`` machinery), closed loop. Each round measures every server, each
+going first in turn; a warm-up precedes every measurement. Writes the medians and this
+tree's ratio to each base to ``benchmarks/results/revision_ab.md``.
 """
 
 from __future__ import annotations
@@ -93,47 +93,76 @@ def throughput(url: str, concurrency: int, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="b05bbcd", help="the git revision to compare with")
+    parser.add_argument(
+        "--base",
+        action="append",
+        help="a git revision to compare with (repeat for several; default b05bbcd)",
+    )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", type=Path, default=RESULTS / "revision_ab.md")
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"base": [], "this tree": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        store = work / "store"
-        noop_archive(store, 8)
-        with worktree(args.base, work / "base") as checkout:
-            sources = {"base": checkout, "this tree": ROOT}
-            for round_index in range(args.rounds):
-                order = list(sources) if round_index % 2 == 0 else list(sources)[::-1]
-                for name in order:
-                    with served(sources[name], store, work) as url:
-                        rate = throughput(url, args.concurrency, args.seconds)
-                    figures[name].append(rate)
-                    print(f"round {round_index + 1} {name}: {rate:.0f} req/s", flush=True)
-    base_rate, head_rate = (statistics.median(figures[n]) for n in ("base", "this tree"))
-    wins = sum(h > b for b, h in zip(figures["base"], figures["this tree"], strict=True))
+    bases: list[str] = list(dict.fromkeys(args.base or ["b05bbcd"]))
+    figures = measure(bases, args.rounds, args.seconds, args.concurrency)
+    command = " ".join(f"--base {base}" for base in bases)
     publish(
         args.out,
         [
             "# The server's own overhead against an earlier revision",
             "",
             f"Machine: {machine_description()}; servers and load generator share its cores.",
-            f"Command: `python benchmarks/revision_ab.py --base {args.base} --rounds "
+            f"Command: `python benchmarks/revision_ab.py {command} --rounds "
             f"{args.rounds} --seconds {args.seconds:g} --concurrency {args.concurrency}`: "
             "the no-op handler, closed loop, each server fresh with its defaults, the order "
-            "alternating between rounds, a warm-up of 2000 requests before each measurement.",
+            "rotating between rounds, a warm-up of 2000 requests before each measurement.",
             "",
             "| server | req/s per round | median |",
             "|---|---|---|",
-            f"| {args.base} | {_rounds(figures['base'])} | {base_rate:.0f} |",
-            f"| this tree | {_rounds(figures['this tree'])} | {head_rate:.0f} |",
+            *(
+                f"| {name} | {_rounds(rates)} | {statistics.median(rates):.0f} |"
+                for name, rates in figures.items()
+            ),
             "",
-            f"This tree against {args.base}: **{head_rate / base_rate:.2f}** (medians); ahead in "
-            f"{wins} of {args.rounds} rounds.",
+            *(_against(figures[THIS_TREE], base, figures[base]) for base in bases),
         ],
+    )
+
+
+THIS_TREE = "this tree"
+
+
+def measure(
+    bases: list[str], rounds: int, seconds: float, concurrency: int
+) -> dict[str, list[float]]:
+    """Requests/s per round of each base revision and of this tree (last), in that order."""
+    figures: dict[str, list[float]] = {name: [] for name in [*bases, THIS_TREE]}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as checkouts:
+        work = Path(tmp)
+        store = work / "store"
+        noop_archive(store, 8)
+        sources = {
+            base: checkouts.enter_context(worktree(base, work / f"base-{index}"))
+            for index, base in enumerate(bases)
+        }
+        sources[THIS_TREE] = ROOT
+        names = list(sources)
+        for round_index in range(rounds):
+            shift = round_index % len(names)  # each server goes first in turn
+            for name in names[shift:] + names[:shift]:
+                with served(sources[name], store, work) as url:
+                    rate = throughput(url, concurrency, seconds)
+                figures[name].append(rate)
+                print(f"round {round_index + 1} {name}: {rate:.0f} req/s", flush=True)
+    return figures
+
+
+def _against(tree: list[float], base: str, rates: list[float]) -> str:
+    ratio = statistics.median(tree) / statistics.median(rates)
+    wins = sum(ours > theirs for ours, theirs in zip(tree, rates, strict=True))
+    return (
+        f"This tree against {base}: **{ratio:.2f}** (medians); ahead in {wins} of "
+        f"{len(rates)} rounds.  "
     )
 
 

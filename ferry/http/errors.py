@@ -91,6 +91,7 @@ def error_response(error: FerryError) -> Response:
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
 StatusRecorder = Callable[[int], None]
 log = logging.getLogger("ferry.http")
 
@@ -116,7 +117,7 @@ def guarded(endpoint: Endpoint, record: StatusRecorder = _ignore) -> Endpoint:
 
 def exception_handlers(
     record: StatusRecorder = _ignore,
-) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+) -> dict[Any, ExceptionHandler]:
     """Starlette's own errors (no route, wrong method, a bug) with TorchServe's body."""
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -8,12 +8,13 @@ import logging
 import time
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ferry.errors import FerryError
-from ferry.http.errors import error_response, exception_handlers
+from ferry.http.errors import Endpoint, ExceptionHandler, error_response, exception_handlers
 from ferry.http.hang_up import on_hang_up
 from ferry.http.kserve import kserve_routes
 from ferry.http.openapi import description_routes, inference_description
@@ -55,7 +56,7 @@ def log_access(
     access.info(text, extra={"fields": fields})
 
 
-def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlette:
+def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
     limit = service.settings.max_request_size
     record = service.metrics.response_recorder("inference")
     access_log = service.settings.access_log
@@ -121,7 +122,6 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
             log_access(request, response.status_code, model, version, start, answer)
         return response
 
-    # Starlette tries routes in order, one regex each: predictions, the hot path, first.
     routes = [
         Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
         Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
@@ -134,4 +134,61 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> Starlett
         *kserve_routes(service, record, limit),
         *description_routes(inference_description()),
     ]
-    return Starlette(routes=routes, exception_handlers=exception_handlers(record))
+    handlers = exception_handlers(record)
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    return with_prediction_fast_path(app, predict, handlers)
+
+
+PREDICTIONS = "/predictions/"
+PREDICTION_METHODS = frozenset({"POST", "PUT"})
+
+
+def prediction_params(path: str) -> dict[str, str] | None:
+    """``model`` and ``version`` of ``/predictions/{model}[/{version}]``, as the routes
+    above match them (no segment empty); None for any other path."""
+    if not path.startswith(PREDICTIONS):
+        return None
+    segments = path[len(PREDICTIONS) :].split("/")
+    if len(segments) > 2 or "" in segments:
+        return None
+    return dict(zip(("model", "version"), segments, strict=False))
+
+
+def _fast_path_params(scope: Scope) -> dict[str, str] | None:
+    if scope["type"] != "http" or scope["method"] not in PREDICTION_METHODS:
+        return None
+    if scope.get("root_path"):
+        return None
+    return prediction_params(scope["path"])
+
+
+def with_prediction_fast_path(
+    app: ASGIApp, predict: Endpoint, handlers: dict[object, ExceptionHandler]
+) -> ASGIApp:
+    """Predictions straight to their endpoint; everything else to ``app``.
+
+    On the hot path Starlette's layers (two error middlewares, the router's route-by-route
+    regex, the endpoint's own error wrapper, each wrapping ``send`` once more) cost about
+    as much as the rest of the frontend's HTTP handling of a no-op request. The endpoint
+    answers domain errors itself; what Starlette would add, its error handlers, is kept
+    here: a client gone mid-body is 499 and a bug is TorchServe's 500 body, logged.
+    Other methods on these paths (405) and mounted apps (``root_path``) take the routes."""
+    client_gone = handlers[ClientDisconnect]
+    internal_error = handlers[500]
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        params = _fast_path_params(scope)
+        if params is None:
+            await app(scope, receive, send)
+            return
+        scope["path_params"] = params
+        request = Request(scope, receive, send)
+        try:
+            response = await predict(request)
+        except ClientDisconnect as error:
+            response = await client_gone(request, error)
+        except Exception as error:  # answered and logged, as Starlette would
+            response = await internal_error(request, error)
+        await response(scope, receive, send)
+
+    return dispatch

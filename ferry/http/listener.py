@@ -104,6 +104,10 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
         log_level="warning",
         access_log=False,
         lifespan="off",
+        # uvicorn would rewrite each request's client address and scheme from the
+        # X-Forwarded-* headers of a proxy on loopback: Ferry reads neither, and it cost
+        # about 2% of the frontend's time per prediction.
+        proxy_headers=False,
         timeout_keep_alive=75,
         timeout_graceful_shutdown=int(DRAIN_SECONDS),
         **tls,
