@@ -68,6 +68,8 @@ SECONDS_PER_RATE = "15"
 SLO = "1s"
 POLICIES = ("adaptive", "immediate", "fixed_window")
 SERVERS = (*(f"ferry {p}" for p in POLICIES), "torchserve", "triton")
+PINNED = " pinned"
+"""A Ferry server's name ends with it when it runs with ``cpu_pinning`` (peer_tail.py)."""
 TORCHSERVE_VENV = Path(os.environ.get("FERRY_TORCHSERVE_VENV", ROOT / ".venv-torchserve"))
 TRITON_VENV = Path(os.environ.get("FERRY_TRITON_VENV", ROOT / ".venv-triton"))
 NOOP_SERVERS = ("ferry adaptive", "torchserve", "triton")
@@ -128,9 +130,11 @@ def prepare(work: Path) -> Workload:
 
 
 @contextlib.contextmanager
-def ferry_or_torchserve(kind: str, model: Path, policy: str | None, folder: Path) -> Iterator[str]:
+def ferry_or_torchserve(
+    kind: str, model: Path, policy: str | None, folder: Path, *, pinned: bool = False
+) -> Iterator[str]:
     """The server's base URL; TorchServe's from its own environment."""
-    config = ServerConfig(BATCH, DELAY_MS, 1, batch_policy=policy)
+    config = ServerConfig(BATCH, DELAY_MS, 1, batch_policy=policy, cpu_pinning=pinned)
     saved = os.environ.get("TORCHSERVE_BIN_DIR")
     if kind == "torchserve":
         os.environ["TORCHSERVE_BIN_DIR"] = str(TORCHSERVE_VENV / "bin")
@@ -209,8 +213,10 @@ def serving(server: str, work: Workload, folder: Path, model: str = "resnet18") 
             )
         return
     kind, _, policy = server.partition(" ")
+    pinned = policy.endswith(PINNED)  # e.g. "ferry adaptive pinned": with cpu_pinning
+    policy = policy.removesuffix(PINNED)
     archive = work.noop if model == "noop" else work.archive
-    with ferry_or_torchserve(kind, archive, policy or None, folder) as url:
+    with ferry_or_torchserve(kind, archive, policy or None, folder, pinned=pinned) as url:
         yield Target(
             f"{url}/predictions/resnet18",
             f"{url}/predictions/noop",

@@ -17,7 +17,8 @@ limit`` profiles it, plus the no-op round trip of a Ferry server, both measured 
 rates are fractions of the X* that profile gives (``--fractions``), so a run on a faster or
 slower machine offers the same share of its capacity; ``--rates`` fixes them instead. Triton needs
 ``scripts/triton-venv.sh`` (TorchServe, ``--servers 'ferry adaptive,torchserve'``,
-``scripts/torchserve-venv.sh``).
+``scripts/torchserve-venv.sh``). A Ferry server named with ``pinned`` after its policy
+(``'ferry adaptive,ferry adaptive pinned'``) runs with ``cpu_pinning``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from benchmarks.batching_peers import (
     BATCH,
     DELAY_MS,
     FRACTIONS,
+    PINNED,
+    POLICIES,
     SERVERS,
     Target,
     Workload,
@@ -113,9 +116,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "peer_tail.md")
     args = parser.parse_args()
     servers = [name.strip() for name in args.servers.split(",")]
-    unknown = [name for name in servers if name not in SERVERS]
+    known = (*SERVERS, *(f"ferry {policy}{PINNED}" for policy in POLICIES))
+    unknown = [name for name in servers if name not in known]
     if unknown:
-        parser.error(f"unknown server {unknown[0]!r}; one of {', '.join(SERVERS)}")
+        parser.error(f"unknown server {unknown[0]!r}; one of {', '.join(known)}")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = prepare(Path(tmp))
         limit = measure_limit(work, Path(tmp) / "limit", args.profile_seconds)

@@ -38,6 +38,8 @@ class ServerConfig:
     """Ferry's ``optimization: precision``; other values than fp32 serve a patched copy."""
     batch_policy: str | None = None
     """Ferry's ``batchPolicy`` (None: the archive's, else adaptive)."""
+    cpu_pinning: bool = False
+    """Ferry's ``cpu_pinning`` setting (TorchServe is started without it)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ def write_config(folder: Path, model: Path, config: ServerConfig, ports: dict[st
         f"models={json.dumps(models)}",
         "disable_token_authorization=true",
         "job_queue_size=1000",
+        *(["cpu_pinning=true"] if config.cpu_pinning else []),
     ]
     path = folder / "config.properties"
     path.write_text("\n".join(lines) + "\n")

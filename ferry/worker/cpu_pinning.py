@@ -5,7 +5,8 @@ operation; when the scheduler queues it behind the thread that waits for it, a l
 request pays milliseconds (ResNet-18's input normalisation: 5.6 ms instead of 0.2 ms on
 two cores, ``benchmarks/results/low_load.md``). OpenMP threads bound to distinct cores
 never queue behind each other. The frontend hands out cores so that no two live workers
-share one; a worker that finds too few free runs unpinned. OpenMP binds the handler's
+share one; a worker that finds too few free runs unpinned (logged: with several models,
+or more workers than cores, only the first workers get cores). OpenMP binds the handler's
 thread to the worker's first core, and threads it starts inherit that: Ferry's own (stage
 threads, preprocess processes) take all the worker's cores back.
 
@@ -53,6 +54,27 @@ class CoreAllocator:
         self._held.difference_update(cores)
 
 
+class CoreClaim:
+    """The cores one worker holds, given back once: when it is killed (so that the worker
+    replacing it at once finds them free, before the dying process is reaped) or when it
+    exits, whichever comes first.
+
+    >>> cores = CoreAllocator([0, 1])
+    >>> claim = CoreClaim(cores, cores.claim(2) or ())
+    >>> claim.release(); claim.release(); cores.claim(2), cores.claim(1)
+    ((0, 1), None)
+    """
+
+    def __init__(self, allocator: CoreAllocator, cores: tuple[int, ...]) -> None:
+        self.cores = cores
+        self._allocator: CoreAllocator | None = allocator
+
+    def release(self) -> None:
+        if self._allocator is not None:  # a second release would free another's cores
+            self._allocator.release(self.cores)
+            self._allocator = None
+
+
 def user_pins_threads(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name) for name in USER_AFFINITY)
 
@@ -77,8 +99,10 @@ _worker_cores: tuple[int, ...] | None = None
 
 def forget_pinning(environ: MutableMapping[str, str] = os.environ) -> tuple[int, ...] | None:
     """In a pinned worker, once torch is loaded (OpenMP reads its variables then): drop
-    them, so that the processes the worker starts are not bound to its first core; the
-    worker's cores, or None when Ferry did not pin it."""
+    them, so that a process the worker starts does not bind its own OpenMP threads to this
+    worker's cores again; the worker's cores, or None when Ferry did not pin it. (What the
+    process inherits is the affinity of the thread that starts it: the first core, unless
+    that thread was widened with ``spread_over_worker_cores``.)"""
     global _worker_cores
     cores = environ.pop(PINNED_BY_FERRY, None)
     if cores is None:

@@ -11,7 +11,13 @@ import sys
 from typing import Any
 
 from ferry.worker import codec
-from ferry.worker.cpu_pinning import CoreAllocator, pinned_environment, user_pins_threads
+from ferry.worker.cpu_pinning import (
+    PINNED_BY_FERRY,
+    CoreAllocator,
+    CoreClaim,
+    pinned_environment,
+    user_pins_threads,
+)
 from ferry.worker.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
 from ferry.worker.messages import (
     BatchResult,
@@ -46,6 +52,8 @@ class WorkerProcess:
         self._writer = writer
         self.pid = process.pid
         self.device = "unknown"
+        self.cores: CoreClaim | None = None
+        """The cores it was pinned to (``start`` with an allocator), released once."""
         self.exited: asyncio.Future[Any] = asyncio.ensure_future(process.wait())
         assert process.stdout is not None
         prefix = f"[{spec.model_name} {spec.worker_id} pid {process.pid}]"
@@ -64,22 +72,27 @@ class WorkerProcess:
         are free and the user pins nothing). Raises ``WorkerStartFailed``; the process
         never outlives a failed start."""
         env = worker_environment(os.environ)
-        pinned = None
-        if cores is not None and not user_pins_threads(env):
-            pinned = cores.claim(spec.torch_threads)
-            if pinned is not None:
-                env.update(pinned_environment(pinned))
+        env.pop(PINNED_BY_FERRY, None)  # only for a worker Ferry pins: not inherited
+        claim = _claim_cores(spec, cores, env)
+        if claim is not None:
+            env.update(pinned_environment(claim.cores))
         try:
             worker = await cls._start(spec, startup_timeout, env)
         except BaseException:
-            if pinned is not None and cores is not None:
-                cores.release(pinned)
+            if claim is not None:
+                claim.release()
             raise
-        if pinned is not None and cores is not None:
-            claim = pinned
-            worker.exited.add_done_callback(lambda _: cores.release(claim))
-            log.info("%s worker pid %s pinned to cores %s", spec.model_name, worker.pid, pinned)
+        if claim is not None:
+            worker.hold(claim)
+            log.info(
+                "%s worker pid %s pinned to cores %s", spec.model_name, worker.pid, claim.cores
+            )
         return worker
+
+    def hold(self, claim: CoreClaim) -> None:
+        """Keep ``claim`` while this process lives: given back when it is killed or exits."""
+        self.cores = claim
+        self.exited.add_done_callback(lambda _: claim.release())
 
     @classmethod
     async def _start(
@@ -150,6 +163,27 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self._writer.close()
+        if self.cores is not None:
+            self.cores.release()  # for the replacement, which starts before this one is reaped
+
+
+def _claim_cores(
+    spec: WorkerSpec, cores: CoreAllocator | None, env: dict[str, str]
+) -> CoreClaim | None:
+    """Cores of its own for the worker, when pinning is on and the user pins nothing."""
+    if cores is None or user_pins_threads(env):
+        return None
+    claimed = cores.claim(spec.torch_threads)
+    if claimed is None:
+        log.warning(
+            "%s worker %s runs unpinned: fewer than %d cores are free of the server's other "
+            "workers (cpu_pinning gives each worker cores of its own)",
+            spec.model_name,
+            spec.worker_id,
+            spec.torch_threads,
+        )
+        return None
+    return CoreClaim(cores, claimed)
 
 
 async def _spawn(child_sock: socket.socket, env: dict[str, str]) -> asyncio.subprocess.Process:

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
-from ferry.worker import cpu_pinning
+from ferry.worker import cpu_pinning, process
 from ferry.worker.cpu_pinning import (
     PINNED_BY_FERRY,
     CoreAllocator,
+    CoreClaim,
     forget_pinning,
     pinned_environment,
     user_pins_threads,
 )
+from ferry.worker.process import WorkerProcess
+from ferry.worker.spec import WorkerSpec
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +81,80 @@ def test_a_pinned_workers_own_threads_may_use_all_its_cores() -> None:
     thread.start()
     thread.join()
     assert seen == [set(every)]
+
+
+def test_a_claim_is_given_back_once() -> None:
+    """Kill and exit both give a worker's cores back: the second must not free the cores
+    a replacement claimed in between."""
+    cores = CoreAllocator([0, 1])
+    claim = CoreClaim(cores, cores.claim(2) or ())
+    claim.release()
+    replacement = cores.claim(2)
+    claim.release()
+    assert replacement == (0, 1) and cores.claim(1) is None
+
+
+class UnreapedProcess:
+    """A killed process that the event loop has not reaped yet (``wait`` still pending)."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.stdout = asyncio.StreamReader()
+        self.reaped = asyncio.Event()
+        self.killed = False
+
+    async def wait(self) -> int:
+        await self.reaped.wait()
+        return -9
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+class ClosedWriter:
+    def close(self) -> None:
+        pass
+
+
+def spec(threads: int) -> WorkerSpec:
+    return WorkerSpec("m", "/models/m", "h.py:fn", {}, 8, None, {}, threads, "w0.1")
+
+
+def test_a_killed_worker_leaves_its_cores_to_a_replacement_started_at_once() -> None:
+    """A recycled or hung worker is killed and its replacement started with no await in
+    between: the cores must be free then, not when the old process is reaped."""
+
+    async def scenario() -> None:
+        cores = CoreAllocator([0, 1])
+        old = UnreapedProcess()
+        worker = WorkerProcess(
+            spec(2),
+            cast(asyncio.subprocess.Process, old),
+            asyncio.StreamReader(),
+            cast(asyncio.StreamWriter, ClosedWriter()),
+        )
+        worker.hold(CoreClaim(cores, cores.claim(2) or ()))
+        worker.kill()
+        assert old.killed
+        replacement = cores.claim(2)
+        old.reaped.set()
+        old.stdout.feed_eof()
+        await worker.exited
+        assert replacement == (0, 1)
+        assert cores.claim(1) is None  # the old one's exit freed nothing of the replacement's
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_finds_too_few_free_cores_runs_unpinned_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cores = CoreAllocator([0, 1])
+    first = process._claim_cores(spec(2), cores, {})
+    with caplog.at_level(logging.WARNING, logger=process.log.name):
+        second = process._claim_cores(spec(2), cores, {})
+    assert first is not None and first.cores == (0, 1)
+    assert second is None
+    assert "m worker w0.1 runs unpinned: fewer than 2 cores are free" in caplog.text
+    assert process._claim_cores(spec(1), cores, {"OMP_PROC_BIND": "true"}) is None
