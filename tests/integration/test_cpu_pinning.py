@@ -10,8 +10,16 @@ from typing import Any
 import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
+from ferry.worker.cpu_pinning import USER_AFFINITY
 from tests.fixtures.models import HANDLERS
 from tests.fixtures.server import ferry_server
+
+
+@pytest.fixture(autouse=True)
+def user_pins_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable of the user's own would make the server leave the threads alone."""
+    for name in USER_AFFINITY:
+        monkeypatch.delenv(name, raising=False)
 
 
 def where_threads_run(tmp: Path, *extra: str) -> dict[str, Any]:
@@ -29,11 +37,7 @@ def where_threads_run(tmp: Path, *extra: str) -> dict[str, Any]:
     return answer
 
 
-def test_pinned_worker_threads_each_hold_a_core_of_their_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):
-        monkeypatch.delenv(name, raising=False)
+def test_pinned_worker_threads_each_hold_a_core_of_their_own(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
     answer = where_threads_run(tmp_path, "--cpu-pinning", "true")
     assert answer["handler_thread"] == cores[:1]
@@ -41,15 +45,12 @@ def test_pinned_worker_threads_each_hold_a_core_of_their_own(
     # A torch thread on each core (the one worker has them all); threads started after
     # the binding share the handler's core.
     assert {core for (core,) in bound} == set(cores)
-    # Dropped once torch read them: a preprocess pool the worker starts is not bound.
+    # Dropped once torch read them: a process the worker starts does not bind its own
+    # OpenMP threads to these cores again.
     assert answer["env"] == {"OMP_PLACES": None, "OMP_PROC_BIND": None}
 
 
-def test_without_pinning_worker_threads_may_run_anywhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):
-        monkeypatch.delenv(name, raising=False)
+def test_without_pinning_worker_threads_may_run_anywhere(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
     answer = where_threads_run(tmp_path)
     assert answer["handler_thread"] == cores
