@@ -72,6 +72,7 @@ from ferry.store.remote import (
 )
 from ferry.store.workdir import open_work_dir
 from ferry.worker import messages
+from ferry.worker.cpu_pinning import CoreAllocator, pinned_threads
 from ferry.worker.handle import WorkerFactory
 from ferry.worker.spec import WorkerSpec
 
@@ -144,9 +145,13 @@ class FerryService:
         Ray replica passes the CPUs Ray gave it)."""
         if settings.cpu_pinning and cores is not None:
             log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
-        self._start_worker = start_worker or _local_worker_factory(
-            settings.cpu_pinning and cores is None
-        )
+        pin = settings.cpu_pinning and cores is None
+        self._pinned_cores = CoreAllocator(os.sched_getaffinity(0)) if pin else None
+        """With ``cpu_pinning``: the cores workers claim, and so split their threads over."""
+        self._workers_sharing_cores: int | None = None
+        """While start-up models start, with ``cpu_pinning``: all their workers, which
+        split the cores between them."""
+        self._start_worker = start_worker or _local_worker_factory(self._pinned_cores)
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
         self._background: set[asyncio.Task[None]] = set()
@@ -323,11 +328,7 @@ class FerryService:
     ) -> RunnerSettings:
         config, settings = archive.config, self.settings
         cores = self._cores or available_cores()
-        workers = config.min_workers
-        if workers is None:
-            workers = settings.default_workers_per_model or default_workers_per_model(
-                cores, self._gpus
-            )
+        workers = self._worker_count(archive)
         gpu_ids = model_gpus(self._gpus, config.device_type, config.device_ids, self._next_gpu)
         if gpu_ids and not config.device_ids:
             self._next_gpu += workers
@@ -345,7 +346,7 @@ class FerryService:
             latency_objective_ms=config.latency_objective_ms,
             client_timeout_ms=config.client_timeout_ms,
             deadline_action=config.deadline_action or "reject",
-            torch_threads=split_threads(cores, max(1, workers)),
+            torch_threads=self._torch_threads(cores, max(1, workers)),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
             recycle=RecyclePolicy(
@@ -355,6 +356,24 @@ class FerryService:
                 else config.max_worker_memory_mb << 20,
             ),
         )
+
+    def _worker_count(self, archive: ModelArchive) -> int:
+        workers = archive.config.min_workers
+        if workers is None:
+            cores = self._cores or available_cores()
+            default = default_workers_per_model(cores, self._gpus)
+            workers = self.settings.default_workers_per_model or default
+        return workers
+
+    def _torch_threads(self, cores: int, workers: int) -> int:
+        """Each worker's share of the cores: of all of them, split between this model's
+        workers; with ``cpu_pinning``, of those free, split between the workers that will
+        claim them (at start-up every start-up model's), so that each gets cores of its own."""
+        unpinned = split_threads(cores, workers)
+        if self._pinned_cores is None:
+            return unpinned
+        sharing = self._workers_sharing_cores or workers
+        return pinned_threads(self._pinned_cores.free_count(), sharing) or unpinned
 
     def _start(
         self, archive: ModelArchive, *, at_startup: bool, startup_timeout: float | None = None
@@ -428,9 +447,11 @@ class FerryService:
             ]
             installed = [await self._startup_packages(a) for a in opened if a is not None]
             archives = [archive for archive in installed if archive is not None]
+            self._workers_sharing_cores = sum(map(self._worker_count, archives))
             started = [self._start(archive, at_startup=True) for archive in archives]
         finally:
             self._opening_startup_models = False
+            self._workers_sharing_cores = None
         for archive in archives:
             versions = self.settings.model_overrides.get(archive.name, {})
             if versions.get(archive.version, {}).get("defaultVersion") is True:
@@ -868,15 +889,14 @@ def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
     return f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
 
 
-def _local_worker_factory(pin_cores: bool) -> WorkerFactory:
-    """Workers as local processes; with ``pin_cores``, each one's torch threads on cores
-    of its own (``ferry.worker.cpu_pinning``) among those this process may use."""
-    from ferry.worker.cpu_pinning import CoreAllocator
+def _local_worker_factory(pinned_cores: CoreAllocator | None) -> WorkerFactory:
+    """Workers as local processes; with ``pinned_cores``, each one's torch threads on
+    cores of its own among them (``ferry.worker.cpu_pinning``)."""
     from ferry.worker.process import WorkerProcess
 
-    if not pin_cores:
+    if pinned_cores is None:
         return WorkerProcess.start
-    return functools.partial(WorkerProcess.start, cores=CoreAllocator(os.sched_getaffinity(0)))
+    return functools.partial(WorkerProcess.start, cores=pinned_cores)
 
 
 __all__ = ["FerryService"]

@@ -5,10 +5,11 @@ operation; when the scheduler queues it behind the thread that waits for it, a l
 request pays milliseconds (ResNet-18's input normalisation: 5.6 ms instead of 0.2 ms on
 two cores, ``benchmarks/results/low_load.md``). OpenMP threads bound to distinct cores
 never queue behind each other. The frontend hands out cores so that no two live workers
-share one; a worker that finds too few free runs unpinned (logged: with several models,
-or more workers than cores, only the first workers get cores). OpenMP binds the handler's
-thread to the worker's first core, and threads it starts inherit that: Ferry's own (stage
-threads, preprocess processes) take all the worker's cores back.
+share one: the start-up models' workers split the cores between them, a model registered
+later splits those still free; a worker that finds too few free runs unpinned (logged:
+more workers than cores, or a model added when the others hold every core). OpenMP binds
+the handler's thread to the worker's first core, and threads it starts inherit that:
+Ferry's own (stage threads, preprocess processes) take all the worker's cores back.
 
 Off by default, as TorchServe's core pinning is: two servers (or two pods whose containers
 see every core) pinning on one machine would pin to the same cores.
@@ -52,6 +53,20 @@ class CoreAllocator:
 
     def release(self, cores: Iterable[int]) -> None:
         self._held.difference_update(cores)
+
+    def free_count(self) -> int:
+        return len(self._cores) - len(self._held)
+
+
+def pinned_threads(free_cores: int, workers: int) -> int | None:
+    """Torch threads per worker when ``workers`` about to start are to split
+    ``free_cores`` between them, a core each at least; None when there are fewer cores
+    than workers (they keep the unpinned split, and those that find no cores run unpinned).
+
+    >>> pinned_threads(8, 2), pinned_threads(2, 3)
+    (4, None)
+    """
+    return free_cores // workers if 0 < workers <= free_cores else None
 
 
 class CoreClaim:

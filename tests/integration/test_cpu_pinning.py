@@ -22,36 +22,50 @@ def user_pins_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def where_threads_run(tmp: Path, *extra: str) -> dict[str, Any]:
+def where_threads_run(tmp: Path, *extra: str, models: int = 1) -> list[dict[str, Any]]:
+    """Each of ``models`` models' answer (the same affinity handler under other names)."""
     store = tmp / "store"
     store.mkdir(exist_ok=True)
-    spec = ArchiveSpec(model_name="affinity", handler=str(HANDLERS / "affinity_handler.py"))
-    archive = write_archive(spec, store, force=True).name
-    with (
-        ferry_server(store, [f"affinity={archive}"], tmp, *extra) as server,
-        server.client() as client,
-    ):
-        response = client.post("/predictions/affinity", content=b"where")
-    assert response.status_code == 200, response.text
-    answer: dict[str, Any] = response.json()
-    return answer
+    names = [f"affinity{index}" for index in range(models)]
+    for name in names:
+        spec = ArchiveSpec(model_name=name, handler=str(HANDLERS / "affinity_handler.py"))
+        write_archive(spec, store, force=True)
+    entries = [f"{name}={name}.mar" for name in names]
+    with ferry_server(store, entries, tmp, *extra) as server, server.client() as client:
+        responses = [client.post(f"/predictions/{name}", content=b"where") for name in names]
+    assert all(response.status_code == 200 for response in responses), responses[0].text
+    return [response.json() for response in responses]
+
+
+def bound_cores(answer: dict[str, Any]) -> set[int]:
+    """The cores of the worker's threads bound to one core each (its torch threads)."""
+    return {affinity[0] for affinity in answer["threads"].values() if len(affinity) == 1}
 
 
 def test_pinned_worker_threads_each_hold_a_core_of_their_own(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
-    answer = where_threads_run(tmp_path, "--cpu-pinning", "true")
+    (answer,) = where_threads_run(tmp_path, "--cpu-pinning", "true")
     assert answer["handler_thread"] == cores[:1]
-    bound = [affinity for affinity in answer["threads"].values() if len(affinity) == 1]
     # A torch thread on each core (the one worker has them all); threads started after
     # the binding share the handler's core.
-    assert {core for (core,) in bound} == set(cores)
+    assert bound_cores(answer) == set(cores)
     # Dropped once torch read them: a process the worker starts does not bind its own
     # OpenMP threads to these cores again.
     assert answer["env"] == {"OMP_PLACES": None, "OMP_PROC_BIND": None}
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_models_workers_split_the_cores(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    first, second = where_threads_run(tmp_path, "--cpu-pinning", "true", models=2)
+    half = len(cores) // 2
+    assert {len(bound_cores(first)), len(bound_cores(second))} == {half}
+    assert not bound_cores(first) & bound_cores(second)
+    assert first["handler_thread"] != second["handler_thread"]
+
+
 def test_without_pinning_worker_threads_may_run_anywhere(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
-    answer = where_threads_run(tmp_path)
+    (answer,) = where_threads_run(tmp_path)
     assert answer["handler_thread"] == cores
     assert all(affinity == cores for affinity in answer["threads"].values())

@@ -4,6 +4,7 @@ registration and scaling speak the service's own types and domain errors."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -197,6 +198,51 @@ def test_archives_are_opened_off_the_event_loop(
         await service.register(RegisterRequest(url="bad.mar", initial_workers=0))
         assert len(threads) == 2
         assert all(thread is not threading.main_thread() for thread in threads)
+        await service.close()
+
+    run(scenario)
+
+
+def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``cpu_pinning`` each worker needs cores of its own: the start-up models' workers
+    share the cores, a model registered later the cores they leave free (before, every
+    model's worker asked for all of them, and only the first was pinned)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    digest_archive(store, "late")
+
+    def threads(service: FerryService, name: str) -> int:
+        return service._runner(name).settings.torch_threads
+
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar", "bad=bad.mar"), cpu_pinning=True)
+        await service.load_startup_models()
+        assert (threads(service, "good"), threads(service, "bad")) == (4, 4)
+        cores = service._pinned_cores
+        assert cores is not None
+        cores.claim(6)  # as their workers would, were they real processes
+        await service.register(RegisterRequest(url="late.mar", initial_workers=2, synchronous=True))
+        assert threads(service, "late") == 1
+        await service.unregister("late", None)
+        cores.claim(2)
+        # No core free: the usual split, and the workers run unpinned (they log it).
+        await service.register(RegisterRequest(url="late.mar", initial_workers=2, synchronous=True))
+        assert threads(service, "late") == 4
+        await service.close()
+
+    run(scenario)
+
+
+def test_unpinned_each_models_workers_split_every_core(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar", "bad=bad.mar"))
+        await service.load_startup_models()
+        assert [service._runner(name).settings.torch_threads for name in ("good", "bad")] == [8, 8]
         await service.close()
 
     run(scenario)
