@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from ferry.errors import InvalidInput, RequestTooLarge
@@ -36,7 +37,10 @@ async def read_parts(request: Request, limit: int) -> list[InputPart]:
     try:
         form = await request.form(max_files=1000, max_fields=1000)
     except Exception as exc:  # python-multipart raises several unrelated types
-        raise InvalidInput(f"malformed form body: {exc}") from exc
+        # Inside a Starlette app (the routes, not the predictions' fast path) its parse
+        # errors come wrapped in an HTTPException, whose text would add "400: ".
+        reason = exc.detail if isinstance(exc, HTTPException) else exc
+        raise InvalidInput(f"malformed form body: {reason}") from exc
     parts = []
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):

@@ -136,14 +136,17 @@ def test_ping_healthy_when_all_workers_ready(main_server: RunningServer, path: s
         assert response.status_code == 200 and response.json() == {"status": "Healthy"}
 
 
-def test_malformed_multipart_body_is_400(main_server: RunningServer) -> None:
+@pytest.mark.parametrize("path", ["/predictions/digest", "/explanations/digest"])
+def test_malformed_multipart_body_is_400(main_server: RunningServer, path: str) -> None:
+    """The same message on the predictions' fast path and through the routes."""
     with main_server.client() as client:
         response = client.post(
-            "/predictions/digest",
+            path,
             content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\nunterminated",
             headers={"content-type": "multipart/form-data; boundary=xyz"},
         )
-        assert_error(response, 400, "BadRequestException")
+        message = assert_error(response, 400, "BadRequestException")
+        assert message.startswith("malformed form body: ") and "400" not in message
 
 
 def test_response_over_max_response_size_is_500(strict_server: RunningServer) -> None:
