@@ -6,12 +6,16 @@ nothing goes to stderr; without one, everything goes to stderr (what containers 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import logging.config
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -50,34 +54,83 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document)
 
 
+class AccessLines:
+    """``ferry.access`` lines written straight into the stream of the handler that would
+    take their records, exactly as ``PLAIN_FORMAT`` formats them.
+
+    A busy server writes one line per request: through the logging module (a record, a
+    look up the stack for the caller, the formatter, the handler chain) that cost the no-op
+    server a tenth of its requests/s (``benchmarks/results/revision_ab.md``). Used only
+    while Ferry's own plain set-up is in force: JSON lines, and a log config of the user's,
+    go through logging."""
+
+    def __init__(
+        self, handler: logging.StreamHandler[Any], clock: Callable[[], float] = time.time
+    ) -> None:
+        self._handler = handler
+        self._clock = clock
+        self._second = -1
+        self._stamp = ""
+
+    def write(self, message: str) -> None:
+        now = self._clock()
+        second = int(now)
+        if second != self._second:  # what Formatter.formatTime does, once a second
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        milliseconds = int((now - second) * 1000)
+        line = f"{self._stamp},{milliseconds:03d} INFO {ACCESS_LOGGER}: {message}\n"
+        handler = self._handler
+        if handler.stream is None:  # a file handler closed by a reconfiguration (uvicorn's
+            logging.getLogger(ACCESS_LOGGER).info(message)  # dictConfig): logging reopens it
+            return
+        with handler.lock or contextlib.nullcontext():  # other threads log through it too
+            try:
+                handler.stream.write(line)
+                handler.stream.flush()
+            except Exception:  # e.g. a closed stream at shutdown: as logging would report it
+                handler.handleError(logging.makeLogRecord({"msg": message}))
+
+
+_access_lines: AccessLines | None = None
+
+
+def access_lines() -> AccessLines | None:
+    """Where to write access lines directly; None: log them through ``ferry.access``."""
+    return _access_lines
+
+
 def configure_logging(log_format: str, level: str, log_location: Path | None = None) -> None:
     """Send every record to stderr, or, given ``log_location``, to the files of
     ``LOG_FILES`` in that folder (created if missing; files are appended to)."""
+    global _access_lines
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
-    handlers: list[logging.Handler] = (
-        _file_handlers(log_location)
-        if log_location is not None
-        else [logging.StreamHandler(sys.stderr)]
-    )
+    stderr = logging.StreamHandler(sys.stderr)
+    files = _file_handlers(log_location) if log_location is not None else None
+    handlers: list[logging.Handler] = [stderr] if files is None else list(files.values())
     for handler in handlers:
         handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = handlers
     root.setLevel(level)
+    access_handler = stderr if files is None else files[ACCESS_LOGGER]
+    _access_lines = AccessLines(access_handler) if log_format == "plain" else None
 
 
-def _file_handlers(folder: Path) -> list[logging.Handler]:
+def _file_handlers(folder: Path) -> dict[str | None, logging.FileHandler]:
+    """The handler of each file of ``LOG_FILES``, by the logger it holds (None: the
+    general ``ts_log.log``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model_metrics.log").touch()
     own_files = [name for name in LOG_FILES.values() if name is not None]
     general = logging.FileHandler(folder / "ts_log.log", encoding="utf-8")
     general.addFilter(lambda record: not any(_within(record, name) for name in own_files))
-    handlers: list[logging.Handler] = [general]
+    handlers: dict[str | None, logging.FileHandler] = {None: general}
     for file_name, logger_name in LOG_FILES.items():
         if logger_name is not None:
             handler = logging.FileHandler(folder / file_name, encoding="utf-8")
             handler.addFilter(logging.Filter(logger_name))
-            handlers.append(handler)
+            handlers[logger_name] = handler
     return handlers
 
 
@@ -90,10 +143,12 @@ def apply_log_config(path: Path) -> None:
     (``.ini``, ``.conf``, ``.cfg``) or a ``dictConfig`` document (``.json``, ``.yaml``,
     ``.yml``). TorchServe's log4j2 XML cannot be read: it is ignored with a warning.
     Raises ``ValueError`` or ``OSError`` for a file that cannot be applied."""
+    global _access_lines
     suffix = path.suffix.lower()
     if suffix == ".xml":
         log.warning("%s: log4j2 XML is TorchServe's (Java) format; ignored", path)
         return
+    _access_lines = None  # the user's handlers and formats decide
     if suffix not in (".ini", ".conf", ".cfg", ".json", ".yaml", ".yml"):
         raise ValueError("expected .ini, .conf, .cfg, .json, .yaml or .yml (or log4j2 .xml)")
     text = path.read_text()

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ferry.logs import apply_log_config, configure_logging
+import ferry.logs
+from ferry.logs import (
+    PLAIN_FORMAT,
+    AccessLines,
+    access_lines,
+    apply_log_config,
+    configure_logging,
+)
 
 
 @pytest.fixture(autouse=True)
-def restored_root_logger() -> Iterator[None]:
+def restored_root_logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    monkeypatch.setattr(ferry.logs, "_access_lines", None)  # put back after the test
     yield
     for handler in root.handlers:
         if handler not in handlers:
@@ -99,3 +108,46 @@ def test_an_unusable_log_config_raises_value_error(tmp_path: Path, name: str) ->
     path.write_text("[loggers]\nkeys=root\n" if name.endswith(".ini") else "- a list\n")
     with pytest.raises(ValueError):
         apply_log_config(path)
+
+
+def test_access_lines_are_the_lines_logging_would_write(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Written straight to the handler's stream, and the same, to the character, as the
+    plain formatter's line for that record."""
+    configure_logging("plain", "INFO")
+    (handler,) = logging.getLogger().handlers
+    assert isinstance(handler, logging.StreamHandler)
+    when = 1764061353.25  # exact in binary: both sides see 250 ms
+    AccessLines(handler, clock=lambda: when).write("status=200 model=m")
+    record = logging.makeLogRecord(
+        {"name": "ferry.access", "levelno": logging.INFO, "levelname": "INFO"}
+        | {"msg": "status=200 model=m", "created": when, "msecs": 250.0}
+    )
+    expected = logging.Formatter(PLAIN_FORMAT).format(record)
+    assert capsys.readouterr().err == expected + "\n"
+
+
+def test_access_lines_land_in_the_access_log_file_only(tmp_path: Path) -> None:
+    configure_logging("plain", "INFO", tmp_path)
+    lines = access_lines()
+    assert lines is not None
+    lines.write("path=/predictions/m status=200")
+    # uvicorn's own dictConfig closes every handler; logging reopens a file on its next record
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    lines.write("path=/predictions/n status=200")
+    lines.write("path=/predictions/o status=200")
+    written = _read(tmp_path, "access_log.log")
+    assert all(f"ferry.access: path=/predictions/{m} status=200" in written for m in "mno")
+    assert "path=" not in _read(tmp_path, "ts_log.log")
+
+
+def test_access_lines_go_through_logging_for_json_and_a_users_config(tmp_path: Path) -> None:
+    configure_logging("json", "INFO")
+    assert access_lines() is None  # JSON records carry the fields: the formatter's job
+    configure_logging("plain", "INFO")
+    assert access_lines() is not None
+    config = tmp_path / "logging.json"
+    config.write_text(json.dumps({"version": 1, "root": {"level": "INFO"}}))
+    apply_log_config(config)
+    assert access_lines() is None  # the user's handlers and format decide
