@@ -108,6 +108,7 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
         # X-Forwarded-* headers of a proxy on loopback: Ferry reads neither, and it cost
         # about 2% of the frontend's time per prediction.
         proxy_headers=False,
+        server_header=False,  # "server: uvicorn" on every answer: TorchServe names no server
         timeout_keep_alive=75,
         timeout_graceful_shutdown=int(DRAIN_SECONDS),
         **tls,

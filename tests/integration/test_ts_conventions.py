@@ -62,6 +62,8 @@ def test_x_request_id_is_echoed_and_reaches_the_handler(server: RunningServer) -
         assert generated.headers["x-request-id"]
         other = client.post("/predictions/echo", content=b"x")
         assert other.headers["x-request-id"] != generated.headers["x-request-id"]
+        assert "server" not in other.headers  # uvicorn's name is not sent
+        assert "date" in other.headers
 
 
 def test_a_prediction_exception_keeps_torchserves_body(server: RunningServer) -> None:
