@@ -81,10 +81,11 @@ class AccessLines:
         milliseconds = int((now - second) * 1000)
         line = f"{self._stamp},{milliseconds:03d} INFO {ACCESS_LOGGER}: {message}\n"
         handler = self._handler
-        if handler.stream is None:  # a file handler closed by a reconfiguration (uvicorn's
-            logging.getLogger(ACCESS_LOGGER).info(message)  # dictConfig): logging reopens it
-            return
         with handler.lock or contextlib.nullcontext():  # other threads log through it too
+            if handler.stream is None:  # a file handler closed by a reconfiguration
+                # (uvicorn's dictConfig): logging reopens it for this record
+                logging.getLogger(ACCESS_LOGGER).info(message)
+                return
             try:
                 handler.stream.write(line)
                 handler.stream.flush()

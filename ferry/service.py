@@ -72,7 +72,7 @@ from ferry.store.remote import (
 )
 from ferry.store.workdir import open_work_dir
 from ferry.worker import messages
-from ferry.worker.cpu_pinning import CoreAllocator, pinned_threads
+from ferry.worker.cpu_pinning import USER_AFFINITY, CoreAllocator, pinned_threads
 from ferry.worker.handle import WorkerFactory
 from ferry.worker.spec import WorkerSpec
 
@@ -143,10 +143,7 @@ class FerryService:
         self._cores = cores
         """The cores this server's workers share (default: all this process may use; a
         Ray replica passes the CPUs Ray gave it)."""
-        if settings.cpu_pinning and cores is not None:
-            log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
-        pin = settings.cpu_pinning and cores is None
-        self._pinned_cores = CoreAllocator(os.sched_getaffinity(0)) if pin else None
+        self._pinned_cores = _pinned_cores(settings.cpu_pinning, cores)
         """With ``cpu_pinning``: the cores workers claim, and so split their threads over."""
         self._workers_sharing_cores: int | None = None
         """While start-up models start, with ``cpu_pinning``: all their workers, which
@@ -887,6 +884,20 @@ def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
         return None
     counts = ", ".join(f"{name}: {count}" for name, count in workers.items() if count)
     return f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
+
+
+def _pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
+    """The cores workers claim with ``cpu_pinning``; None when Ferry pins nothing."""
+    if not pin:
+        return None
+    if shared_cores is not None:
+        log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
+        return None
+    users = [name for name in USER_AFFINITY if os.environ.get(name)]
+    if users:  # their binding stands, and each worker keeps its usual share of the cores
+        log.warning("cpu_pinning ignored: %s set, so threads are bound as it says", users[0])
+        return None
+    return CoreAllocator(os.sched_getaffinity(0))
 
 
 def _local_worker_factory(pinned_cores: CoreAllocator | None) -> WorkerFactory:

@@ -6,8 +6,9 @@ request pays milliseconds (ResNet-18's input normalisation: 5.6 ms instead of 0.
 two cores, ``benchmarks/results/low_load.md``). OpenMP threads bound to distinct cores
 never queue behind each other. The frontend hands out cores so that no two live workers
 share one: the start-up models' workers split the cores between them, a model registered
-later splits those still free; a worker that finds too few free runs unpinned (logged:
-more workers than cores, or a model added when the others hold every core). OpenMP binds
+later splits those still free between its initial workers; a worker that finds too few
+free runs unpinned (logged: more workers than cores, a model added when the others hold
+every core, or scaled up, its added workers keeping its thread count). OpenMP binds
 the handler's thread to the worker's first core, and threads it starts inherit that:
 Ferry's own (stage threads, preprocess processes) take all the worker's cores back.
 

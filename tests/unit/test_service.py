@@ -18,6 +18,7 @@ from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
 from ferry.service import FerryService
 from ferry.service_types import Health, InputPart, ModelRef, Prediction, RegisterRequest
 from ferry.store.archive import open_model
+from ferry.worker.cpu_pinning import USER_AFFINITY
 from ferry.worker.spec import WorkerSpec
 from tests.fixtures.fake_worker import Behaviour, FakeWorker, load_error
 from tests.fixtures.models import digest_archive
@@ -210,6 +211,8 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
     share the cores, a model registered later the cores they leave free (before, every
     model's worker asked for all of them, and only the first was pinned)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    for name in USER_AFFINITY:
+        monkeypatch.delenv(name, raising=False)
     digest_archive(store, "late")
 
     def threads(service: FerryService, name: str) -> int:
@@ -221,7 +224,7 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
         assert (threads(service, "good"), threads(service, "bad")) == (4, 4)
         cores = service._pinned_cores
         assert cores is not None
-        cores.claim(6)  # as their workers would, were they real processes
+        cores.claim(6)  # as if their workers, were they real processes, held 6 of them
         await service.register(RegisterRequest(url="late.mar", initial_workers=2, synchronous=True))
         assert threads(service, "late") == 1
         await service.unregister("late", None)
@@ -234,13 +237,22 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
     run(scenario)
 
 
+@pytest.mark.parametrize("users_binding", [None, "OMP_PROC_BIND", "GOMP_CPU_AFFINITY"])
 def test_unpinned_each_models_workers_split_every_core(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    store: Path, monkeypatch: pytest.MonkeyPatch, users_binding: str | None
 ) -> None:
+    """Without ``cpu_pinning``, or with it while the user binds threads themselves (then
+    Ferry pins nothing, and must not shrink the workers' share either)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    for name in USER_AFFINITY:
+        monkeypatch.delenv(name, raising=False)
+    if users_binding is not None:
+        monkeypatch.setenv(users_binding, "close")
 
     async def scenario() -> None:
-        service = service_for(store, models=("good=good.mar", "bad=bad.mar"))
+        pinning = {"cpu_pinning": True} if users_binding else {}
+        service = service_for(store, models=("good=good.mar", "bad=bad.mar"), **pinning)
+        assert service._pinned_cores is None
         await service.load_startup_models()
         assert [service._runner(name).settings.torch_threads for name in ("good", "bad")] == [8, 8]
         await service.close()
