@@ -72,7 +72,12 @@ from ferry.store.remote import (
 )
 from ferry.store.workdir import open_work_dir
 from ferry.worker import messages
-from ferry.worker.cpu_pinning import USER_AFFINITY, CoreAllocator, pinned_threads
+from ferry.worker.cpu_pinning import (
+    USER_AFFINITY,
+    CoreAllocator,
+    pinned_threads,
+    user_pins_threads,
+)
 from ferry.worker.handle import WorkerFactory
 from ferry.worker.spec import WorkerSpec
 
@@ -893,9 +898,9 @@ def _pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
     if shared_cores is not None:
         log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
         return None
-    users = [name for name in USER_AFFINITY if os.environ.get(name)]
-    if users:  # their binding stands, and each worker keeps its usual share of the cores
-        log.warning("cpu_pinning ignored: %s set, so threads are bound as it says", users[0])
+    if user_pins_threads(os.environ):  # theirs stands; each worker keeps its usual share
+        names = ", ".join(USER_AFFINITY)
+        log.warning("cpu_pinning ignored: threads are bound as one of %s says", names)
         return None
     return CoreAllocator(os.sched_getaffinity(0))
 
