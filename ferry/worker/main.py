@@ -14,7 +14,8 @@ import threading
 from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
-from ferry.worker.cpu_pinning import forget_pinning
+from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
+from ferry.worker.helper_threads import HelperPlacement, helper_placement
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
@@ -85,7 +86,12 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
     return "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
 
 
-def serve(sock: socket.socket, reader: BinaryIO, spec: WorkerSpec) -> int:
+def serve(
+    sock: socket.socket,
+    reader: BinaryIO,
+    spec: WorkerSpec,
+    helpers: HelperPlacement | None = None,
+) -> int:
     send = FrameSender(sock)
     try:
         runner, device = _load(spec, send)
@@ -97,6 +103,8 @@ def serve(sock: socket.socket, reader: BinaryIO, spec: WorkerSpec) -> int:
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):
             raise codec.ProtocolError(f"worker got unexpected {type(message).__name__}")
+        if helpers is not None:
+            helpers.before_batch()
         send(runner.run(message))
     return 0
 
@@ -126,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         if spec is None:
             return 1
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
-        forget_pinning()
-        return serve(sock, reader, spec)
+        pinned = forget_pinning() is not None or user_pins_threads(os.environ)
+        helpers = None if pinned else helper_placement(spec.torch_threads)
+        return serve(sock, reader, spec, helpers)
 
 
 if __name__ == "__main__":

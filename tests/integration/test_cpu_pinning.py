@@ -1,5 +1,5 @@
-"""``cpu_pinning``: a real server binds its worker's torch threads to cores of their own,
-and without it (the default) leaves them free."""
+"""``cpu_pinning``: a real server binds its worker's torch threads to cores of their own;
+without it (the default) only keeps torch's helper threads off the handler thread's core."""
 
 from __future__ import annotations
 
@@ -64,8 +64,25 @@ def test_two_models_workers_split_the_cores(tmp_path: Path) -> None:
     assert first["handler_thread"] != second["handler_thread"]
 
 
-def test_without_pinning_worker_threads_may_run_anywhere(tmp_path: Path) -> None:
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_without_pinning_torch_helpers_leave_the_handler_threads_core(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
+    (answer,) = where_threads_run(tmp_path)
+    assert answer["handler_thread"] == cores
+    # Before the batch the worker took the handler thread's core out of torch's helper
+    # threads' cores (ferry.worker.helper_threads); every other thread keeps them all.
+    narrowed = {tuple(affinity) for affinity in answer["threads"].values() if affinity != cores}
+    assert len(narrowed) == 1
+    (helper_cores,) = narrowed
+    assert len(helper_cores) == len(cores) - 1
+    assert set(helper_cores) < set(cores)
+
+
+def test_with_the_users_own_binding_no_thread_is_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_PROC_BIND", "false")  # binds nothing, and says: leave mine alone
     (answer,) = where_threads_run(tmp_path)
     assert answer["handler_thread"] == cores
     assert all(affinity == cores for affinity in answer["threads"].values())
