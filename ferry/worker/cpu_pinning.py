@@ -4,13 +4,16 @@ After a silence, torch's second intra-op thread must wake for a handler's first 
 operation; when the scheduler queues it behind the thread that waits for it, a lone
 request pays milliseconds (ResNet-18's input normalisation: 5.6 ms instead of 0.2 ms on
 two cores, ``benchmarks/results/low_load.md``). OpenMP threads bound to distinct cores
-never queue behind each other. The frontend hands out cores so that no two live workers
-share one: the start-up models' workers split the cores between them, a model registered
-later splits those still free between its initial workers; a worker that finds too few
-free runs unpinned (logged: more workers than cores, a model added when the others hold
-every core, or scaled up, its added workers keeping its thread count). OpenMP binds
-the handler's thread to the worker's first core, and threads it starts inherit that:
-Ferry's own (stage threads, preprocess processes) take all the worker's cores back.
+never queue behind each other. Unpinned workers keep the helper threads off the handler
+thread's core instead (``ferry.worker.helper_threads``), which removes most of it.
+
+The frontend hands out cores so that no two live workers share one: the start-up models'
+workers split the cores between them, a model registered later splits those still free
+between its initial workers; a worker that finds too few free runs unpinned (logged: more
+workers than cores, a model added when the others hold every core, or scaled up, its added
+workers keeping its thread count). OpenMP binds the handler's thread to the worker's first
+core, and threads it starts inherit that: Ferry's own (stage threads, preprocess
+processes) take all the worker's cores back.
 
 Off by default, as TorchServe's core pinning is: two servers (or two pods whose containers
 see every core) pinning on one machine would pin to the same cores.

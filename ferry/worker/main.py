@@ -15,7 +15,12 @@ from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
 from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
-from ferry.worker.helper_threads import HelperPlacement, helper_placement
+from ferry.worker.helper_threads import (
+    helper_placement,
+    install,
+    keep_helpers_off_this_core,
+    threads_before_load,
+)
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
@@ -87,24 +92,23 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
 
 
 def serve(
-    sock: socket.socket,
-    reader: BinaryIO,
-    spec: WorkerSpec,
-    helpers: HelperPlacement | None = None,
+    sock: socket.socket, reader: BinaryIO, spec: WorkerSpec, place_helpers: bool = False
 ) -> int:
     send = FrameSender(sock)
+    threads_before = threads_before_load() if place_helpers else None
     try:
         runner, device = _load(spec, send)
     except Exception as exc:
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
+    if place_helpers:
+        install(helper_placement(threads_before))
     send(WorkerReady(os.getpid(), device))
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):
             raise codec.ProtocolError(f"worker got unexpected {type(message).__name__}")
-        if helpers is not None:
-            helpers.before_batch()
+        keep_helpers_off_this_core()
         send(runner.run(message))
     return 0
 
@@ -134,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         if spec is None:
             return 1
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
-        pinned = forget_pinning() is not None or user_pins_threads(os.environ)
-        helpers = None if pinned else helper_placement(spec.torch_threads)
-        return serve(sock, reader, spec, helpers)
+        # Threads pinned, by Ferry or by the user's own OpenMP binding, stay where they are.
+        leave_threads = forget_pinning() is not None or user_pins_threads(os.environ)
+        return serve(sock, reader, spec, place_helpers=not leave_threads)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from typing import Any
 from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
 from ferry.handlers.context import Context
 from ferry.worker.cpu_pinning import spread_over_worker_cores
+from ferry.worker.helper_threads import keep_helpers_off_this_core
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
@@ -132,6 +133,7 @@ class StagePipeline:
                 tensor, failures, pre_ms = pending.popleft().result()
                 context.add_stage_time("preprocess", pre_ms)
                 start = time.perf_counter()
+                keep_helpers_off_this_core()  # woken by a preprocess thread, maybe elsewhere
                 output = self.handler.inference(tensor) if tensor is not None else None
                 context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
             except Exception as exc:

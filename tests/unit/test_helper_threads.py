@@ -1,83 +1,119 @@
-"""Torch's helper threads moved off the handler thread's core before each batch, with a fake
-scheduler (no threads are moved in these tests)."""
+"""Torch's helper threads moved off the handler thread's core before its torch work, with
+fake thread controls (no thread is moved in these tests)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Set
 
 import pytest
 
 from ferry.worker import helper_threads
 from ferry.worker.helper_threads import HelperPlacement
+from tests.fixtures.thread_controls import FakeControls
 
 
-class FakeScheduler:
-    def __init__(self, cores: list[int], errors: dict[int, OSError] | None = None) -> None:
-        self.cores = iter(cores)
-        self.errors = errors or {}
-        self.moves: list[tuple[int, list[int]]] = []
-
-    def current_core(self) -> int:
-        return next(self.cores)
-
-    def set_affinity(self, tid: int, allowed: Set[int]) -> None:
-        if tid in self.errors:
-            raise self.errors[tid]
-        self.moves.append((tid, sorted(allowed)))
-
-
-def placement(scheduler: FakeScheduler, helpers: list[int], allowed: set[int]) -> HelperPlacement:
-    return HelperPlacement(helpers, allowed, scheduler.current_core, scheduler.set_affinity)
+def placed(controls: FakeControls, helpers: set[int]) -> HelperPlacement:
+    return HelperPlacement(helpers, 2, controls)
 
 
 def test_helpers_get_every_core_but_the_handler_threads() -> None:
-    scheduler = FakeScheduler([2])
-    placement(scheduler, [11, 12], {0, 1, 2, 3}).before_batch()
-    assert scheduler.moves == [(11, [0, 1, 3]), (12, [0, 1, 3])]
+    controls = FakeControls([2], {0, 1, 2, 3}, live={11, 12})
+    placed(controls, {11, 12}).before_parallel_work()
+    assert controls.moves == [(11, [0, 1, 3]), (12, [0, 1, 3])]
 
 
 def test_helpers_move_again_only_when_the_handler_thread_changed_core() -> None:
-    scheduler = FakeScheduler([0, 0, 0, 1, 1])
-    helpers = placement(scheduler, [11], {0, 1})
+    controls = FakeControls([0, 0, 0, 1, 1], {0, 1}, live={11})
+    placement = placed(controls, {11})
     for _ in range(5):
-        helpers.before_batch()
-    assert scheduler.moves == [(11, [1]), (11, [0])]
+        placement.before_parallel_work()
+    assert controls.moves == [(11, [1]), (11, [0])]
 
 
-def test_a_helper_that_exited_is_forgotten() -> None:
-    scheduler = FakeScheduler([0, 1], errors={11: ProcessLookupError()})
-    helpers = placement(scheduler, [11, 12], {0, 1})
-    helpers.before_batch()
-    helpers.before_batch()
-    assert helpers.helpers == [12]
-    assert scheduler.moves == [(12, [1]), (12, [0])]
+def test_a_helper_that_exited_is_forgotten_and_its_id_never_moved() -> None:
+    controls = FakeControls([0, 1, 0], {0, 1}, live={11, 12})
+    controls.errors[11] = ProcessLookupError()
+    placement = placed(controls, {11, 12, 13})  # 13 left before the first batch
+    placement.before_parallel_work()
+    controls.errors.clear()
+    controls.live = {12, 13}  # 13: a new thread given the old id, no helper
+    placement.before_parallel_work()
+    assert placement.helpers == [12]
+    assert controls.moves == [(12, [1]), (12, [0])]
 
 
-def test_cores_the_worker_lost_stop_the_moving(caplog: pytest.LogCaptureFixture) -> None:
-    scheduler = FakeScheduler([0, 1], errors={11: OSError(22, "Invalid argument")})
-    helpers = placement(scheduler, [11, 12], {0, 1})
+def test_a_refused_move_gives_every_core_back_and_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    controls = FakeControls([0, 1], {0, 1}, live={11, 12})
+    controls.errors[12] = PermissionError(1, "Operation not permitted")
+    placement = placed(controls, {11, 12})
     with caplog.at_level("INFO", logger="ferry.worker"):
-        helpers.before_batch()
-    helpers.before_batch()
-    assert not helpers.active
-    assert scheduler.moves == []
+        placement.before_parallel_work()
+    placement.before_parallel_work()
+    assert controls.moves == [(11, [1]), (11, [0, 1])]  # moved, then given every core back
+    assert placement.helpers == []
     assert "helper threads left where the scheduler puts them" in caplog.text
 
 
-def test_nothing_to_place_with_one_thread_or_one_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[int] = []
-    monkeypatch.setattr(helper_threads, "start_helpers", lambda threads: started.append(threads))
-    assert helper_threads.helper_placement(1) is None
+def test_a_resized_team_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    controls = FakeControls([0, 1, 0], {0, 1}, live={11})
+    placement = placed(controls, {11})
+    placement.before_parallel_work()
+    controls.threads = 4  # the handler called torch.set_num_threads(4)
+    with caplog.at_level("INFO", logger="ferry.worker"):
+        placement.before_parallel_work()
+    placement.before_parallel_work()
+    assert controls.moves == [(11, [1]), (11, [0, 1])]
+    assert "thread count changed" in caplog.text
+
+
+def test_one_allowed_core_leaves_the_helpers_where_they_are() -> None:
+    controls = FakeControls([0, 0], {0}, live={11})
+    placement = placed(controls, {11})
+    placement.before_parallel_work()
+    controls.allowed = {0, 1}  # the worker's cores widened: placed at the next batch
+    placement.before_parallel_work()
+    assert controls.moves == [(11, [1])]
+
+
+def test_only_the_handlers_thread_moves_the_helpers() -> None:
+    import threading
+
+    controls = FakeControls([0, 1], {0, 1}, live={11})
+    helper_threads.install(placed(controls, {11}))
+    try:
+        other = threading.Thread(target=helper_threads.keep_helpers_off_this_core)
+        other.start()
+        other.join()
+        assert controls.moves == []  # a stage thread's torch work has a team of its own
+        helper_threads.keep_helpers_off_this_core()
+        assert controls.moves == [(11, [1])]
+    finally:
+        helper_threads.install(None)
+
+
+def test_nothing_to_place_with_one_thread_or_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    found: list[object] = []
+    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: found.append(before))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert helper_threads.helper_placement({1}) is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert helper_threads.helper_placement(4) is None
-    assert started == []  # no parallel operation run for nothing
+    assert helper_threads.helper_placement({1}) is None
+    assert helper_threads.helper_placement(None) is None  # no /proc before the load
+    assert found == []  # no parallel operation run for nothing
 
 
-def test_placement_over_the_helpers_the_team_started(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_placement_over_the_threads_the_team_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(helper_threads, "start_helpers", lambda threads: {41})
-    placed = helper_threads.helper_placement(2)
-    assert placed is not None and placed.helpers == [41]
-    monkeypatch.setattr(helper_threads, "start_helpers", lambda threads: set())
-    assert helper_threads.helper_placement(2) is None  # the team existed: nothing to move
+    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: {41})
+    placement = helper_threads.helper_placement({1})
+    assert placement is not None and placement.helpers == [41]
+    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: set())
+    assert helper_threads.helper_placement({1}) is None  # nothing new: nothing to move

@@ -111,3 +111,22 @@ def test_configuration() -> None:
         with pytest.raises(ConfigError, match="micro_batching"):
             PipelineSettings.from_model_config(bad)
     assert staged_handler(lambda data, context: data) is None
+
+
+def test_torch_helpers_leave_the_core_of_each_micro_batchs_inference() -> None:
+    from ferry.worker import helper_threads
+    from tests.fixtures.thread_controls import FakeControls
+
+    # The handler's thread wakes for each micro-batch's preprocessed input, perhaps on
+    # another core: the helpers are placed again before its inference.
+    controls = FakeControls([0, 1, 0], {0, 1}, live={11})
+    helper_threads.install(helper_threads.HelperPlacement({11}, 2, controls))
+    pipeline = StagePipeline(Recorder(), PipelineSettings(2, 2, 1))
+    try:
+        assert pipeline.handle([{"body": i} for i in range(6)], batch_context(6)) == [
+            float(i * i) for i in range(6)
+        ]
+    finally:
+        helper_threads.install(None)
+        pipeline.close()
+    assert controls.moves == [(11, [1]), (11, [0]), (11, [1])]
