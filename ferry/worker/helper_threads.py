@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Collection, Set
-from typing import Protocol
+from typing import Protocol, cast
 
 log = logging.getLogger("ferry.worker")
 
@@ -103,11 +103,11 @@ class HelperPlacement:
 class LinuxThreadControls:
     """The real thing: ``sched_getcpu`` from libc, affinities, ``/proc/self/task``, torch."""
 
-    def __init__(self, current_core: Callable[[], int]) -> None:
-        self._current_core = current_core
+    def __init__(self, sched_getcpu: Callable[[], int]) -> None:
+        self._sched_getcpu = sched_getcpu
 
     def current_core(self) -> int:
-        return self._current_core()
+        return self._sched_getcpu()
 
     def allowed_cores(self) -> Set[int]:
         return os.sched_getaffinity(0)
@@ -137,18 +137,14 @@ def threads_before_load() -> set[int] | None:
         return None
 
 
-def _libc_current_core() -> Callable[[], int] | None:
+def _libc_sched_getcpu() -> Callable[[], int] | None:
     try:
         function = ctypes.CDLL(None).sched_getcpu
     except (AttributeError, OSError):
         return None
     function.restype = ctypes.c_int
     function.argtypes = []
-
-    def current_core() -> int:
-        return int(function())
-
-    return current_core
+    return cast(Callable[[], int], function)
 
 
 def find_helpers(before: Set[int]) -> set[int]:
@@ -171,10 +167,10 @@ def helper_placement(before: Set[int] | None) -> HelperPlacement | None:
     import torch
 
     threads = int(torch.get_num_threads())
-    current_core = _libc_current_core()
-    if before is None or threads < 2 or current_core is None:
+    if before is None or threads < 2 or not hasattr(os, "sched_setaffinity"):
         return None
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+    current_core = _libc_sched_getcpu()
+    if current_core is None or len(os.sched_getaffinity(0)) < 2:
         return None
     try:
         helpers = find_helpers(before)
