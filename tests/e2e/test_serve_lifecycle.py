@@ -193,9 +193,11 @@ def _post_quietly(url: str, body: bytes) -> None:
 
 
 def _refused(url: str) -> bool:
+    """True once a new connection is not served: refused, or reset unanswered because the
+    kernel queued it on the listening socket just before the server closed that socket."""
     try:
         httpx.get(f"{url}/ping", timeout=10)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
