@@ -73,6 +73,7 @@ class AccessLines:
         self._stamp = ""
 
     def write(self, message: str) -> None:
+        """From the event loop's thread only: the cached time stamp is not locked."""
         now = self._clock()
         second = int(now)
         if second != self._second:  # what Formatter.formatTime does, once a second

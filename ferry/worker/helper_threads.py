@@ -8,7 +8,7 @@ thread, which spins at the operation's barrier waiting for it, and the two take 
 one core, a scheduler tick each, until the idle core pulls one over: up to 38 ms for a
 ResNet-18 request that takes 16 (``benchmarks/results/low_load.md``).
 
-Unless the worker is pinned (``cpu_pinning``, or the user's own OpenMP binding), before
+Unless Ferry pinned the worker (``cpu_pinning``) or the user set an OpenMP binding, before
 each batch, and before each micro-batch's inference in a stage pipeline, the worker takes
 the core its handler's thread is on out of the helpers' allowed cores, so that a woken
 helper goes to another. Nothing is bound for good: the helpers keep every other core the
@@ -16,9 +16,11 @@ worker may use (on two cores, the other one, until the handler's thread moves), 
 handler's thread keeps all of them, so the scheduler can still move it. Threads that
 start teams of their own (a pipeline's preprocess threads) are left alone.
 
-The helpers are found once the handler has loaded, not before: a team started before the
-handler's ``initialize`` would hang a child the handler forks there at its first parallel
-operation (GNU OpenMP is not fork-safe).
+Ferry runs no torch operation of its own to find the helpers: a team it started would
+hang any child the handler forks before its own first parallel operation (GNU OpenMP is
+not fork-safe). The helpers are the threads that the handler's thread starts during its
+own first work that starts any: a batch, or in a stage pipeline a micro-batch's inference
+while no stage thread has work (those threads have teams of their own).
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Set
+from collections.abc import Callable, Iterator, Set
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 log = logging.getLogger("ferry.worker")
+
+
+SEARCHES = 100
+"""The handler thread's works that may find no new thread before the search stops: a
+handler that ran a hundred batches without starting a thread runs no parallel work."""
 
 
 class ThreadControls(Protocol):
@@ -43,28 +51,77 @@ class ThreadControls(Protocol):
 
     def live_threads(self) -> Set[int]: ...
 
+    def python_threads(self) -> Set[int]: ...
+
     def torch_threads(self) -> int: ...
 
     def set_affinity(self, thread_id: int, cores: Set[int]) -> None: ...
 
 
-class HelperPlacement:
-    """Moves the helper threads ``helpers`` (thread ids) off the calling thread's core."""
+@dataclass
+class _Work:
+    threads_before: Set[int] | None
+    """This process's threads when the work began; None when it searches nothing."""
+    nested: bool = False
+    """A work inside it searched or placed (a pipeline's inference inside its batch)."""
 
-    def __init__(self, helpers: Collection[int], threads: int, controls: ThreadControls) -> None:
-        self.helpers = sorted(helpers)
-        self._threads = threads
+
+class HelperPlacement:
+    """Finds torch's helper threads in the handler thread's work, then moves them off that
+    thread's core before each of its later works."""
+
+    def __init__(self, team_size: int, controls: ThreadControls) -> None:
+        self.helpers: list[int] = []
+        self.searching = True
+        self._team_size = team_size
+        """Torch's thread count when the worker set it: its helpers are one fewer."""
         self._controls = controls
+        self._searches_left = SEARCHES
+        self._works: list[_Work] = []
         self._placed_for: int | None = None  # no system call while the core stays
 
-    def before_parallel_work(self) -> None:
-        """Take the calling thread's core out of the helpers' cores, if it changed."""
+    def begin_work(self, search: bool = True) -> None:
+        """Before the handler's thread runs torch work: the helpers off its core once they
+        are known; until then, this process's threads (if ``search``: nothing else starts
+        threads during the work)."""
+        if self._works:
+            self._works[-1].nested = True
+        work = _Work(None)
+        self._works.append(work)
+        try:
+            if self.searching and search:
+                work.threads_before = self._controls.live_threads()
+            self._keep_helpers_off_current_core()
+        except Exception as error:  # a faster lone request must never cost a batch
+            self._give_up(f"{type(error).__name__}: {error}")
+
+    def end_work(self) -> None:
+        """After that work: while searching, the threads it started are the helpers."""
+        work = self._works.pop()
+        if not self.searching or work.threads_before is None or work.nested:
+            return
+        try:
+            started = self._controls.live_threads() - work.threads_before
+            helpers = started - self._controls.python_threads()
+        except Exception as error:
+            self._give_up(f"{type(error).__name__}: {error}")
+            return
+        if helpers:
+            self.searching = False
+            self.helpers = sorted(helpers)
+            log.debug("torch helper threads %s kept off the handler thread's core", self.helpers)
+            return
+        self._searches_left -= 1
+        if self._searches_left == 0:
+            self.searching = False
+
+    def _keep_helpers_off_current_core(self) -> None:
         if not self.helpers:
             return
         core = self._controls.current_core()
         if core == self._placed_for:
             return
-        if self._controls.torch_threads() != self._threads:
+        if self._controls.torch_threads() != self._team_size:
             # The handler resized torch's team: these are no longer all of its helpers.
             self._give_up("torch's thread count changed")
             return
@@ -77,7 +134,8 @@ class HelperPlacement:
         allowed = self._controls.allowed_cores()
         if len(allowed) < 2:
             return
-        # A thread id that left this process may be reused by a thread that is no helper.
+        # The kernel moves any thread of the user's by its id: one whose helper exited may
+        # since belong to another process. Only this process's threads are moved.
         live = self._controls.live_threads()
         self.helpers = [tid for tid in self.helpers if tid in live]
         for tid in list(self.helpers):
@@ -88,9 +146,11 @@ class HelperPlacement:
         self._placed_for = core
 
     def _give_up(self, reason: str) -> None:
-        """Every core back to the helpers, and no more moves."""
+        """Every core back to the helpers, and no more search or moves."""
         log.info("torch helper threads left where the scheduler puts them: %s", reason)
-        helpers, self.helpers = self.helpers, []
+        helpers, self.helpers, self.searching = self.helpers, [], False
+        if not helpers:
+            return
         try:
             allowed = self._controls.allowed_cores()
         except OSError:
@@ -113,7 +173,11 @@ class LinuxThreadControls:
         return os.sched_getaffinity(0)
 
     def live_threads(self) -> Set[int]:
-        return thread_ids()
+        """This process's threads (raises OSError where ``/proc`` is missing)."""
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+    def python_threads(self) -> Set[int]:
+        return {thread.native_id for thread in threading.enumerate() if thread.native_id}
 
     def torch_threads(self) -> int:
         import torch
@@ -122,19 +186,6 @@ class LinuxThreadControls:
 
     def set_affinity(self, thread_id: int, cores: Set[int]) -> None:
         os.sched_setaffinity(thread_id, cores)
-
-
-def thread_ids() -> set[int]:
-    """This process's threads (raises OSError where ``/proc`` is missing)."""
-    return {int(tid) for tid in os.listdir("/proc/self/task")}
-
-
-def threads_before_load() -> set[int] | None:
-    """The threads before the handler loads (torch's own import threads among them)."""
-    try:
-        return thread_ids()
-    except OSError:
-        return None
 
 
 def _libc_sched_getcpu() -> Callable[[], int] | None:
@@ -147,39 +198,21 @@ def _libc_sched_getcpu() -> Callable[[], int] | None:
     return cast(Callable[[], int], function)
 
 
-def find_helpers(before: Set[int]) -> set[int]:
-    """After the handler loaded: run one parallel torch operation, so that torch's team
-    exists, and the threads started since ``before`` that Python does not know: the
-    helpers (native threads the handler started, if any, among them: moving those off one
-    core is harmless)."""
-    import torch
-
-    # Large enough for torch to split it over the intra-op threads (its grain: 32768).
-    torch.ones(torch.get_num_threads() * 65536).add_(1)
-    python_threads = {thread.native_id for thread in threading.enumerate()}
-    return thread_ids() - set(before) - python_threads
-
-
-def helper_placement(before: Set[int] | None) -> HelperPlacement | None:
-    """For an unpinned worker whose handler just loaded (``before``: its threads before):
-    the placement of torch's helpers, or None where there is nothing to place (one torch
-    thread or core, no ``sched_getcpu`` or ``/proc``, not Linux)."""
+def helper_placement() -> HelperPlacement | None:
+    """For an unpinned worker whose handler just loaded: the search for torch's helpers
+    and their placement, or None where there is nothing to place (one torch thread or
+    core, no ``sched_getcpu`` or ``/proc``, not Linux)."""
     import torch
 
     threads = int(torch.get_num_threads())
-    if before is None or threads < 2 or not hasattr(os, "sched_setaffinity"):
+    if threads < 2 or not hasattr(os, "sched_setaffinity"):
         return None
     current_core = _libc_sched_getcpu()
     if current_core is None or len(os.sched_getaffinity(0)) < 2:
         return None
-    try:
-        helpers = find_helpers(before)
-    except OSError:
+    if not os.path.isdir("/proc/self/task"):
         return None
-    if not helpers:
-        return None
-    log.debug("torch helper threads %s kept off the handler thread's core", sorted(helpers))
-    return HelperPlacement(helpers, threads, LinuxThreadControls(current_core))
+    return HelperPlacement(threads, LinuxThreadControls(current_core))
 
 
 _placement: HelperPlacement | None = None
@@ -193,8 +226,17 @@ def install(placement: HelperPlacement | None) -> None:
     _placing_thread = threading.get_ident()
 
 
-def keep_helpers_off_this_core() -> None:
-    """Before the handler's thread runs torch work: the helpers off its current core (a
-    no-op in any other thread, and in a worker without a placement)."""
-    if _placement is not None and threading.get_ident() == _placing_thread:
-        _placement.before_parallel_work()
+@contextlib.contextmanager
+def handler_thread_work(search: bool = True) -> Iterator[None]:
+    """Around the handler thread's torch work: the helpers off its current core, or found
+    among the threads the work starts (``search=False`` where other threads may start some
+    meanwhile). Nothing in any other thread, or in a worker without a placement."""
+    placement = _placement if threading.get_ident() == _placing_thread else None
+    if placement is None:
+        yield
+        return
+    placement.begin_work(search)
+    try:
+        yield
+    finally:
+        placement.end_work()

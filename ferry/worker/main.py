@@ -15,12 +15,7 @@ from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
 from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
-from ferry.worker.helper_threads import (
-    helper_placement,
-    install,
-    keep_helpers_off_this_core,
-    threads_before_load,
-)
+from ferry.worker.helper_threads import handler_thread_work, helper_placement, install
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
@@ -95,7 +90,6 @@ def serve(
     sock: socket.socket, reader: BinaryIO, spec: WorkerSpec, place_helpers: bool = False
 ) -> int:
     send = FrameSender(sock)
-    threads_before = threads_before_load() if place_helpers else None
     try:
         runner, device = _load(spec, send)
     except Exception as exc:
@@ -103,13 +97,14 @@ def serve(
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     if place_helpers:
-        install(helper_placement(threads_before))
+        install(helper_placement())
     send(WorkerReady(os.getpid(), device))
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):
             raise codec.ProtocolError(f"worker got unexpected {type(message).__name__}")
-        keep_helpers_off_this_core()
-        send(runner.run(message))
+        with handler_thread_work():
+            answer = runner.run(message)
+        send(answer)
     return 0
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import copy_context
 from dataclasses import dataclass
@@ -30,7 +30,7 @@ from typing import Any
 from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
 from ferry.handlers.context import Context
 from ferry.worker.cpu_pinning import spread_over_worker_cores
-from ferry.worker.helper_threads import keep_helpers_off_this_core
+from ferry.worker.helper_threads import handler_thread_work
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
@@ -133,8 +133,10 @@ class StagePipeline:
                 tensor, failures, pre_ms = pending.popleft().result()
                 context.add_stage_time("preprocess", pre_ms)
                 start = time.perf_counter()
-                keep_helpers_off_this_core()  # woken by a preprocess thread, maybe elsewhere
-                output = self.handler.inference(tensor) if tensor is not None else None
+                # Woken by a preprocess thread, perhaps on another core. Torch's helpers
+                # are sought only while no stage thread works: those start teams too.
+                with handler_thread_work(search=not pending and _all_done(posts)):
+                    output = self.handler.inference(tensor) if tensor is not None else None
                 context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
             except Exception as exc:
                 log.exception("micro-batch %d failed", index)
@@ -174,6 +176,11 @@ class StagePipeline:
         self._post.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.close()
+
+
+def _all_done(posts: Sequence[tuple[Any, ...]]) -> bool:
+    """No postprocess of these micro-batches still runs."""
+    return all(not isinstance(post[3], Future) or post[3].done() for post in posts)
 
 
 def _start_processes(handler: Any, count: int) -> PreprocessProcesses | None:

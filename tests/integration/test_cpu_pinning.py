@@ -32,7 +32,11 @@ def where_threads_run(tmp: Path, *extra: str, models: int = 1) -> list[dict[str,
         write_archive(spec, store, force=True)
     entries = [f"{name}={name}.mar" for name in names]
     with ferry_server(store, entries, tmp, *extra) as server, server.client() as client:
-        responses = [client.post(f"/predictions/{name}", content=b"where") for name in names]
+        # The second answer: a worker finds torch's helpers in its first batch.
+        responses = [
+            [client.post(f"/predictions/{name}", content=b"where") for _ in range(2)][-1]
+            for name in names
+        ]
     assert all(response.status_code == 200 for response in responses), responses[0].text
     return [response.json() for response in responses]
 
@@ -87,3 +91,16 @@ def test_with_the_users_own_binding_no_thread_is_moved(
     (answer,) = where_threads_run(tmp_path)
     assert answer["handler_thread"] == cores
     assert all(affinity == cores for affinity in answer["threads"].values())
+
+
+def test_a_handler_may_fork_before_its_first_parallel_operation(tmp_path: Path) -> None:
+    # Ferry runs no torch operation of its own in the worker: a team of OpenMP threads in
+    # the parent when the handler forks would hang the child's first parallel operation.
+    store = tmp_path / "store"
+    store.mkdir()
+    spec = ArchiveSpec(model_name="forks", handler=str(HANDLERS / "fork_handler.py"))
+    write_archive(spec, store)
+    with ferry_server(store, ["forks=forks.mar"], tmp_path) as server, server.client() as client:
+        response = client.post("/predictions/forks", content=b"fork")
+    assert response.status_code == 200, response.text
+    assert response.text == "0"

@@ -1,43 +1,52 @@
-"""Torch's helper threads moved off the handler thread's core before its torch work, with
-fake thread controls (no thread is moved in these tests)."""
+"""Torch's helper threads found in the handler thread's work, then moved off its core
+before its later works, with fake thread controls (no thread is moved in these tests)."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
 from ferry.worker import helper_threads
-from ferry.worker.helper_threads import HelperPlacement
-from tests.fixtures.thread_controls import FakeControls
+from ferry.worker.helper_threads import SEARCHES, HelperPlacement
+from tests.fixtures.thread_controls import FakeControls, placement_that_found
 
 
-def placed(controls: FakeControls, helpers: set[int]) -> HelperPlacement:
-    return HelperPlacement(helpers, 2, controls)
+def work(placement: HelperPlacement, search: bool = True) -> None:
+    placement.begin_work(search)
+    placement.end_work()
 
 
-def test_helpers_get_every_core_but_the_handler_threads() -> None:
-    controls = FakeControls([2], {0, 1, 2, 3}, live={11, 12})
-    placed(controls, {11, 12}).before_parallel_work()
-    assert controls.moves == [(11, [0, 1, 3]), (12, [0, 1, 3])]
+def test_the_threads_the_first_work_starts_are_the_helpers_python_threads_aside() -> None:
+    controls = FakeControls([2], {0, 1, 2, 3}, live={1})
+    placement = HelperPlacement(2, controls)
+    work(placement)  # a batch that started no thread: nothing yet
+    placement.begin_work()
+    controls.live = {1, 11, 30}
+    controls.python = {1, 30}  # 30: a thread the handler started in Python
+    placement.end_work()
+    assert placement.helpers == [11]
+    assert controls.moves == []  # the work that started them ran as before
+    work(placement)
+    assert controls.moves == [(11, [0, 1, 3])]
 
 
 def test_helpers_move_again_only_when_the_handler_thread_changed_core() -> None:
     controls = FakeControls([0, 0, 0, 1, 1], {0, 1}, live={11})
-    placement = placed(controls, {11})
+    placement = placement_that_found(controls, {11})
     for _ in range(5):
-        placement.before_parallel_work()
+        work(placement)
     assert controls.moves == [(11, [1]), (11, [0])]
 
 
-def test_a_helper_that_exited_is_forgotten_and_its_id_never_moved() -> None:
-    controls = FakeControls([0, 1, 0], {0, 1}, live={11, 12})
+def test_an_id_no_longer_among_this_process_threads_is_never_moved() -> None:
+    controls = FakeControls([0, 1], {0, 1}, live={11, 12})
     controls.errors[11] = ProcessLookupError()
-    placement = placed(controls, {11, 12, 13})  # 13 left before the first batch
-    placement.before_parallel_work()
+    placement = placement_that_found(controls, {11, 12, 13})  # 13 left before the next batch
+    work(placement)
     controls.errors.clear()
-    controls.live = {12, 13}  # 13: a new thread given the old id, no helper
-    placement.before_parallel_work()
+    work(placement)
     assert placement.helpers == [12]
     assert controls.moves == [(12, [1]), (12, [0])]
 
@@ -47,10 +56,10 @@ def test_a_refused_move_gives_every_core_back_and_stops(
 ) -> None:
     controls = FakeControls([0, 1], {0, 1}, live={11, 12})
     controls.errors[12] = PermissionError(1, "Operation not permitted")
-    placement = placed(controls, {11, 12})
+    placement = placement_that_found(controls, {11, 12})
     with caplog.at_level("INFO", logger="ferry.worker"):
-        placement.before_parallel_work()
-    placement.before_parallel_work()
+        work(placement)
+    work(placement)
     assert controls.moves == [(11, [1]), (11, [0, 1])]  # moved, then given every core back
     assert placement.helpers == []
     assert "helper threads left where the scheduler puts them" in caplog.text
@@ -58,36 +67,94 @@ def test_a_refused_move_gives_every_core_back_and_stops(
 
 def test_a_resized_team_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
     controls = FakeControls([0, 1, 0], {0, 1}, live={11})
-    placement = placed(controls, {11})
-    placement.before_parallel_work()
+    placement = placement_that_found(controls, {11})
+    work(placement)
     controls.threads = 4  # the handler called torch.set_num_threads(4)
     with caplog.at_level("INFO", logger="ferry.worker"):
-        placement.before_parallel_work()
-    placement.before_parallel_work()
+        work(placement)
+    work(placement)
     assert controls.moves == [(11, [1]), (11, [0, 1])]
     assert "thread count changed" in caplog.text
 
 
 def test_one_allowed_core_leaves_the_helpers_where_they_are() -> None:
     controls = FakeControls([0, 0], {0}, live={11})
-    placement = placed(controls, {11})
-    placement.before_parallel_work()
+    placement = placement_that_found(controls, {11})
+    work(placement)
     controls.allowed = {0, 1}  # the worker's cores widened: placed at the next batch
-    placement.before_parallel_work()
+    work(placement)
     assert controls.moves == [(11, [1])]
 
 
-def test_only_the_handlers_thread_moves_the_helpers() -> None:
-    import threading
+def test_a_work_that_others_may_start_threads_during_searches_nothing() -> None:
+    controls = FakeControls([0], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+    placement.begin_work()  # a batch through a stage pipeline
+    placement.begin_work(search=False)  # an inference while a stage thread works
+    controls.live = {1, 21}  # a stage thread's own team
+    placement.end_work()
+    placement.end_work()  # the batch around it does not search either
+    assert placement.searching and placement.helpers == []
+    placement.begin_work()
+    placement.begin_work()  # an inference while no stage thread works
+    controls.live = {1, 21, 11}
+    placement.end_work()
+    placement.end_work()
+    assert placement.helpers == [11]
 
-    controls = FakeControls([0, 1], {0, 1}, live={11})
-    helper_threads.install(placed(controls, {11}))
-    try:
-        other = threading.Thread(target=helper_threads.keep_helpers_off_this_core)
+
+def test_the_search_stops_after_works_that_start_no_thread() -> None:
+    controls = FakeControls([], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+    for _ in range(SEARCHES):
+        work(placement)
+    assert not placement.searching
+    placement.begin_work()
+    controls.live = {1, 11}
+    placement.end_work()
+    assert placement.helpers == []
+
+
+def test_an_unexpected_error_ends_the_placement_not_the_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    controls = FakeControls([], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+
+    def broken() -> set[int]:
+        raise RuntimeError("no threads today")
+
+    controls.live_threads = broken  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="ferry.worker"):
+        work(placement)
+    assert not placement.searching and placement.helpers == []
+    assert "RuntimeError: no threads today" in caplog.text
+
+
+def test_only_the_handlers_thread_searches_and_moves() -> None:
+    controls = FakeControls([0], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+    helper_threads.install(placement)
+
+    def stage_thread_work(started: int) -> None:
+        def run() -> None:
+            with helper_threads.handler_thread_work():
+                controls.live = {*controls.live, started}  # a team of that thread's own
+
+        other = threading.Thread(target=run)
         other.start()
         other.join()
-        assert controls.moves == []  # a stage thread's torch work has a team of its own
-        helper_threads.keep_helpers_off_this_core()
+
+    try:
+        stage_thread_work(21)
+        assert placement.searching and placement.helpers == []
+        with helper_threads.handler_thread_work():
+            controls.live = {*controls.live, 11}
+        assert placement.helpers == [11]
+        stage_thread_work(22)
+        assert controls.moves == []
+        with helper_threads.handler_thread_work():
+            pass
         assert controls.moves == [(11, [1])]
     finally:
         helper_threads.install(None)
@@ -96,24 +163,11 @@ def test_only_the_handlers_thread_moves_the_helpers() -> None:
 def test_nothing_to_place_with_one_thread_or_core(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    found: list[object] = []
-    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: found.append(before))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert helper_threads.helper_placement({1}) is None
+    assert helper_threads.helper_placement() is None
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert helper_threads.helper_placement({1}) is None
-    assert helper_threads.helper_placement(None) is None  # no /proc before the load
-    assert found == []  # no parallel operation run for nothing
-
-
-def test_placement_over_the_threads_the_team_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert helper_threads.helper_placement() is None
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: {41})
-    placement = helper_threads.helper_placement({1})
-    assert placement is not None and placement.helpers == [41]
-    monkeypatch.setattr(helper_threads, "find_helpers", lambda before: set())
-    assert helper_threads.helper_placement({1}) is None  # nothing new: nothing to move
+    placement = helper_threads.helper_placement()
+    assert placement is not None and placement.searching and placement.helpers == []

@@ -115,12 +115,12 @@ def test_configuration() -> None:
 
 def test_torch_helpers_leave_the_core_of_each_micro_batchs_inference() -> None:
     from ferry.worker import helper_threads
-    from tests.fixtures.thread_controls import FakeControls
+    from tests.fixtures.thread_controls import FakeControls, placement_that_found
 
     # The handler's thread wakes for each micro-batch's preprocessed input, perhaps on
     # another core: the helpers are placed again before its inference.
     controls = FakeControls([0, 1, 0], {0, 1}, live={11})
-    helper_threads.install(helper_threads.HelperPlacement({11}, 2, controls))
+    helper_threads.install(placement_that_found(controls, {11}))
     pipeline = StagePipeline(Recorder(), PipelineSettings(2, 2, 1))
     try:
         assert pipeline.handle([{"body": i} for i in range(6)], batch_context(6)) == [
@@ -130,3 +130,40 @@ def test_torch_helpers_leave_the_core_of_each_micro_batchs_inference() -> None:
         helper_threads.install(None)
         pipeline.close()
     assert controls.moves == [(11, [1]), (11, [0]), (11, [1])]
+
+
+class ThreadStarter(Recorder):
+    """Its first inference "starts" a thread (in the fake controls' view)."""
+
+    def __init__(self, controls: Any) -> None:
+        super().__init__()
+        self.controls = controls
+
+    def inference(self, batch: torch.Tensor) -> torch.Tensor:
+        if 11 not in self.controls.live:
+            self.controls.live = {*self.controls.live, 11}
+        return super().inference(batch)
+
+
+@pytest.mark.parametrize(("rows", "found"), [(2, [11]), (6, [])])
+def test_helpers_are_sought_only_in_an_inference_while_no_stage_thread_works(
+    rows: int, found: list[int]
+) -> None:
+    from ferry.worker import helper_threads
+    from ferry.worker.helper_threads import HelperPlacement
+    from tests.fixtures.thread_controls import FakeControls
+
+    # One micro-batch: nothing else runs during its inference. Three: the first inference
+    # runs while the next micro-batches' preprocess may start threads of their own.
+    controls = FakeControls([], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+    helper_threads.install(placement)
+    pipeline = StagePipeline(ThreadStarter(controls), PipelineSettings(2, 2, 1))
+    try:
+        assert pipeline.handle([{"body": i} for i in range(rows)], batch_context(rows)) == [
+            float(i * i) for i in range(rows)
+        ]
+    finally:
+        helper_threads.install(None)
+        pipeline.close()
+    assert placement.helpers == found
