@@ -150,9 +150,6 @@ class FerryService:
         Ray replica passes the CPUs Ray gave it)."""
         self._pinned_cores = _pinned_cores(settings.cpu_pinning, cores)
         """With ``cpu_pinning``: the cores workers claim, and so split their threads over."""
-        self._workers_sharing_cores: int | None = None
-        """While start-up models start, with ``cpu_pinning``: all their workers, which
-        split the cores between them."""
         self._start_worker = start_worker or _local_worker_factory(self._pinned_cores)
         self.registry = ModelRegistry()
         self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
@@ -326,11 +323,16 @@ class FerryService:
     # --- loading -------------------------------------------------------------------------
 
     def _runner_settings(
-        self, archive: ModelArchive, startup_timeout: float | None
+        self,
+        archive: ModelArchive,
+        startup_timeout: float | None,
+        sharing_workers: int | None = None,
     ) -> RunnerSettings:
+        """``sharing_workers``: with ``cpu_pinning``, how many workers (this model's among
+        them) will claim the free cores; None: this model's alone."""
         config, settings = archive.config, self.settings
         cores = self._cores or available_cores()
-        workers = self._worker_count(archive)
+        workers = self._worker_count(archive, cores)
         gpu_ids = model_gpus(self._gpus, config.device_type, config.device_ids, self._next_gpu)
         if gpu_ids and not config.device_ids:
             self._next_gpu += workers
@@ -348,7 +350,7 @@ class FerryService:
             latency_objective_ms=config.latency_objective_ms,
             client_timeout_ms=config.client_timeout_ms,
             deadline_action=config.deadline_action or "reject",
-            torch_threads=self._torch_threads(cores, max(1, workers)),
+            torch_threads=self._torch_threads(cores, max(1, workers), sharing_workers),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
             recycle=RecyclePolicy(
@@ -359,26 +361,30 @@ class FerryService:
             ),
         )
 
-    def _worker_count(self, archive: ModelArchive) -> int:
+    def _worker_count(self, archive: ModelArchive, cores: int) -> int:
         workers = archive.config.min_workers
         if workers is None:
-            cores = self._cores or available_cores()
             default = default_workers_per_model(cores, self._gpus)
             workers = self.settings.default_workers_per_model or default
         return workers
 
-    def _torch_threads(self, cores: int, workers: int) -> int:
+    def _torch_threads(self, cores: int, workers: int, sharing_workers: int | None) -> int:
         """Each worker's share of the cores: of all of them, split between this model's
         workers; with ``cpu_pinning``, of those free, split between the workers that will
         claim them (at start-up every start-up model's), so that each gets cores of its own."""
         unpinned = split_threads(cores, workers)
         if self._pinned_cores is None:
             return unpinned
-        sharing = self._workers_sharing_cores or workers
+        sharing = sharing_workers or workers
         return pinned_threads(self._pinned_cores.free_count(), sharing) or unpinned
 
     def _start(
-        self, archive: ModelArchive, *, at_startup: bool, startup_timeout: float | None = None
+        self,
+        archive: ModelArchive,
+        *,
+        at_startup: bool,
+        startup_timeout: float | None = None,
+        sharing_workers: int | None = None,
     ) -> ModelVersion:
         """Register the version and start its workers (without waiting for them).
 
@@ -386,7 +392,7 @@ class FerryService:
         version refused here leaves nothing unpacked.
         """
         try:
-            entry = self._new_version(archive, at_startup, startup_timeout)
+            entry = self._new_version(archive, at_startup, startup_timeout, sharing_workers)
             self.registry.add(entry)
         except FerryError:
             archive.free()
@@ -395,9 +401,13 @@ class FerryService:
         return entry
 
     def _new_version(
-        self, archive: ModelArchive, at_startup: bool, startup_timeout: float | None
+        self,
+        archive: ModelArchive,
+        at_startup: bool,
+        startup_timeout: float | None,
+        sharing_workers: int | None,
     ) -> ModelVersion:
-        runner_settings = self._runner_settings(archive, startup_timeout)
+        runner_settings = self._runner_settings(archive, startup_timeout, sharing_workers)
         refusal = self._over_worker_limit(archive, runner_settings.workers)
         if refusal is not None:
             raise ConfigError(refusal)
@@ -449,11 +459,14 @@ class FerryService:
             ]
             installed = [await self._startup_packages(a) for a in opened if a is not None]
             archives = [archive for archive in installed if archive is not None]
-            self._workers_sharing_cores = sum(map(self._worker_count, archives))
-            started = [self._start(archive, at_startup=True) for archive in archives]
+            cores = self._cores or available_cores()
+            sharing = sum(self._worker_count(archive, cores) for archive in archives)
+            started = [
+                self._start(archive, at_startup=True, sharing_workers=sharing)
+                for archive in archives
+            ]
         finally:
             self._opening_startup_models = False
-            self._workers_sharing_cores = None
         for archive in archives:
             versions = self.settings.model_overrides.get(archive.name, {})
             if versions.get(archive.version, {}).get("defaultVersion") is True:
