@@ -18,9 +18,12 @@ start teams of their own (a pipeline's preprocess threads) are left alone.
 
 Ferry runs no torch operation of its own to find the helpers: a team it started would
 hang any child the handler forks before its own first parallel operation (GNU OpenMP is
-not fork-safe). The helpers are the threads that the handler's thread starts during its
-own first work that starts any: a batch, or in a stage pipeline a micro-batch's inference
-while no stage thread has work (those threads have teams of their own).
+not fork-safe). The helpers are the threads not started from Python that appeared while
+the handler loaded (a warm-up, or loading weights, starts torch's team), else those that
+the handler's thread starts in its own work: a batch, or in a stage pipeline a
+micro-batch's inference, which runs alone until the helpers are found (the stage
+threads start teams of their own). Until torch's whole team is found, each such work
+adds the threads it started, up to ``SEARCHES`` works.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ log = logging.getLogger("ferry.worker")
 
 
 SEARCHES = 100
-"""The handler thread's works that may find no new thread before the search stops: a
-handler that ran a hundred batches without starting a thread runs no parallel work."""
+"""The handler thread's works searched for torch's helpers before the search stops (its
+team grows with the first operations large enough to use more threads)."""
 
 
 class ThreadControls(Protocol):
@@ -70,9 +73,12 @@ class HelperPlacement:
     """Finds torch's helper threads in the handler thread's work, then moves them off that
     thread's core before each of its later works."""
 
-    def __init__(self, team_size: int, controls: ThreadControls) -> None:
-        self.helpers: list[int] = []
-        self.searching = True
+    def __init__(
+        self, team_size: int, controls: ThreadControls, found: Set[int] = frozenset()
+    ) -> None:
+        self.helpers: list[int] = sorted(found)
+        """Found so far (those started while the handler loaded, if any)."""
+        self.searching = len(found) < team_size - 1
         self._team_size = team_size
         """Torch's thread count when the worker set it: its helpers are one fewer."""
         self._controls = controls
@@ -107,12 +113,11 @@ class HelperPlacement:
             self._give_up(f"{type(error).__name__}: {error}")
             return
         if helpers:
-            self.searching = False
-            self.helpers = sorted(helpers)
+            self.helpers = sorted({*self.helpers, *helpers})
+            self._placed_for = None  # the new ones are placed at the next work
             log.debug("torch helper threads %s kept off the handler thread's core", self.helpers)
-            return
         self._searches_left -= 1
-        if self._searches_left == 0:
+        if len(self.helpers) >= self._team_size - 1 or self._searches_left == 0:
             self.searching = False
 
     def _keep_helpers_off_current_core(self) -> None:
@@ -198,21 +203,40 @@ def _libc_sched_getcpu() -> Callable[[], int] | None:
     return cast(Callable[[], int], function)
 
 
-def helper_placement() -> HelperPlacement | None:
-    """For an unpinned worker whose handler just loaded: the search for torch's helpers
-    and their placement, or None where there is nothing to place (one torch thread or
-    core, no ``sched_getcpu`` or ``/proc``, not Linux)."""
+def threads_before_load() -> Set[int] | None:
+    """This process's threads before the handler loads (None without ``/proc``)."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return None
+
+
+def helper_placement(before_load: Set[int] | None) -> HelperPlacement | None:
+    """For an unpinned worker whose handler just loaded (``before_load``: its threads
+    before): torch's helpers, those the load started and those still to be found, and
+    their placement; None where there is nothing to place (one torch thread or core, no
+    ``sched_getcpu`` or ``/proc``, not Linux)."""
     import torch
 
     threads = int(torch.get_num_threads())
-    if threads < 2 or not hasattr(os, "sched_setaffinity"):
+    if before_load is None or threads < 2 or not hasattr(os, "sched_setaffinity"):
         return None
     current_core = _libc_sched_getcpu()
     if current_core is None or len(os.sched_getaffinity(0)) < 2:
         return None
-    if not os.path.isdir("/proc/self/task"):
+    controls = LinuxThreadControls(current_core)
+    try:
+        started = controls.live_threads() - before_load - controls.python_threads()
+    except OSError:
         return None
-    return HelperPlacement(threads, LinuxThreadControls(current_core))
+    return HelperPlacement(threads, controls, started)
+
+
+def seeking_helpers() -> bool:
+    """Whether the calling thread's works are still searched for torch's helpers (a stage
+    pipeline then runs one micro-batch at a time, its stage threads idle)."""
+    placement = _placement if threading.get_ident() == _placing_thread else None
+    return placement is not None and placement.searching
 
 
 _placement: HelperPlacement | None = None
@@ -235,8 +259,8 @@ def handler_thread_work(search: bool = True) -> Iterator[None]:
     if placement is None:
         yield
         return
-    placement.begin_work(search)
     try:
+        placement.begin_work(search)  # its first step cannot fail: end_work always pairs
         yield
     finally:
         placement.end_work()

@@ -15,7 +15,12 @@ from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
 from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
-from ferry.worker.helper_threads import handler_thread_work, helper_placement, install
+from ferry.worker.helper_threads import (
+    handler_thread_work,
+    helper_placement,
+    install,
+    threads_before_load,
+)
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
@@ -90,6 +95,7 @@ def serve(
     sock: socket.socket, reader: BinaryIO, spec: WorkerSpec, place_helpers: bool = False
 ) -> int:
     send = FrameSender(sock)
+    threads_before = threads_before_load() if place_helpers else None
     try:
         runner, device = _load(spec, send)
     except Exception as exc:
@@ -97,7 +103,7 @@ def serve(
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     if place_helpers:
-        install(helper_placement())
+        install(helper_placement(threads_before))
     send(WorkerReady(os.getpid(), device))
     while (message := read_message(reader)) is not None:
         if not isinstance(message, PredictBatch):

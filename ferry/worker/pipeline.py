@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextvars import copy_context
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
 from ferry.handlers.context import Context
 from ferry.worker.cpu_pinning import spread_over_worker_cores
-from ferry.worker.helper_threads import handler_thread_work
+from ferry.worker.helper_threads import handler_thread_work, seeking_helpers
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
@@ -114,10 +114,18 @@ class StagePipeline:
 
     def handle(self, rows: list[Any], context: Context) -> list[Any]:
         """One entry per row: an answer, or an exception for rows whose micro-batch failed."""
+        # Torch's helpers are never sought over the whole batch: stage threads start
+        # teams of their own.
+        with handler_thread_work(search=False):
+            return self._handle(rows, context)
+
+    def _handle(self, rows: list[Any], context: Context) -> list[Any]:
         self.handler.context = context
         size = self.settings.micro_batch_size
         chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
-        ahead = self.settings.preprocess_threads + 1
+        # While the helpers are sought, each inference runs with the stage threads idle.
+        seeking = seeking_helpers()
+        ahead = 1 if seeking else self.settings.preprocess_threads + 1
         pending: deque[Future[tuple[Any, dict[int, Exception], float]]] = deque()
         submitted = 0
         posts: list[
@@ -132,9 +140,10 @@ class StagePipeline:
             try:
                 tensor, failures, pre_ms = pending.popleft().result()
                 context.add_stage_time("preprocess", pre_ms)
+                if seeking:
+                    wait([post[3] for post in posts if isinstance(post[3], Future)])
                 start = time.perf_counter()
-                # Woken by a preprocess thread, perhaps on another core. Torch's helpers
-                # are sought only while no stage thread works: those start teams too.
+                # Woken by a preprocess thread, perhaps on another core.
                 with handler_thread_work(search=not pending and _all_done(posts)):
                     output = self.handler.inference(tensor) if tensor is not None else None
                 context.add_stage_time("inference", (time.perf_counter() - start) * 1000)

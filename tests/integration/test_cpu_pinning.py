@@ -22,13 +22,19 @@ def user_pins_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def where_threads_run(tmp: Path, *extra: str, models: int = 1) -> list[dict[str, Any]]:
-    """Each of ``models`` models' answer (the same affinity handler under other names)."""
+def where_threads_run(
+    tmp: Path, *extra: str, models: int = 1, warm: bool = False
+) -> list[dict[str, Any]]:
+    """Each of ``models`` models' answer (the same affinity handler under other names;
+    ``warm``: torch's team started while it loads)."""
     store = tmp / "store"
     store.mkdir(exist_ok=True)
     names = [f"affinity{index}" for index in range(models)]
+    plain = HANDLERS / "affinity_handler.py"
+    handler = HANDLERS / "warm_affinity_handler.py" if warm else plain
+    extra_files: tuple[Path, ...] = (plain,) if warm else ()
     for name in names:
-        spec = ArchiveSpec(model_name=name, handler=str(HANDLERS / "affinity_handler.py"))
+        spec = ArchiveSpec(model_name=name, handler=str(handler), extra_files=extra_files)
         write_archive(spec, store, force=True)
     entries = [f"{name}={name}.mar" for name in names]
     with ferry_server(store, entries, tmp, *extra) as server, server.client() as client:
@@ -69,9 +75,12 @@ def test_two_models_workers_split_the_cores(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_without_pinning_torch_helpers_leave_the_handler_threads_core(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["team-from-a-batch", "team-from-the-load"])
+def test_without_pinning_torch_helpers_leave_the_handler_threads_core(
+    tmp_path: Path, warm: bool
+) -> None:
     cores = sorted(os.sched_getaffinity(0))
-    (answer,) = where_threads_run(tmp_path)
+    (answer,) = where_threads_run(tmp_path, warm=warm)
     assert answer["handler_thread"] == cores
     # Before the batch the worker took the handler thread's core out of torch's helper
     # threads' cores (ferry.worker.helper_threads); every other thread keeps them all.
@@ -93,6 +102,7 @@ def test_with_the_users_own_binding_no_thread_is_moved(
     assert all(affinity == cores for affinity in answer["threads"].values())
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_handler_may_fork_before_its_first_parallel_operation(tmp_path: Path) -> None:
     # Ferry runs no torch operation of its own in the worker: a team of OpenMP threads in
     # the parent when the handler forks would hang the child's first parallel operation.

@@ -106,13 +106,60 @@ def test_a_work_that_others_may_start_threads_during_searches_nothing() -> None:
 def test_the_search_stops_after_works_that_start_no_thread() -> None:
     controls = FakeControls([], {0, 1}, live={1})
     placement = HelperPlacement(2, controls)
-    for _ in range(SEARCHES):
+    for _ in range(SEARCHES - 2):
         work(placement)
+        work(placement, search=False)  # uses up no search
+    placement.begin_work()
+    placement.begin_work()
+    placement.end_work()
+    placement.end_work()  # a batch around a searched inference: one search
+    assert placement.searching
+    work(placement)
     assert not placement.searching
     placement.begin_work()
     controls.live = {1, 11}
     placement.end_work()
     assert placement.helpers == []
+
+
+def test_a_team_is_gathered_until_it_is_whole() -> None:
+    controls = FakeControls([0, 0, 0], {0, 1}, live={1})
+    controls.threads = 4  # torch's team: three helpers
+    placement = HelperPlacement(4, controls)
+    placement.begin_work()
+    controls.live = {1, 11}  # a small operation opened a team of two
+    placement.end_work()
+    work(placement)
+    assert placement.searching and controls.moves == [(11, [1])]
+    placement.begin_work()
+    controls.live = {1, 11, 12, 13}  # a larger one, of four
+    placement.end_work()
+    assert not placement.searching
+    work(placement)  # the same core, but new helpers to place
+    assert controls.moves == [(11, [1]), (11, [1]), (12, [1]), (13, [1])]
+
+
+def test_threads_the_load_started_are_the_helpers() -> None:
+    controls = FakeControls([0], {0, 1}, live={1, 11})
+    placement = HelperPlacement(2, controls, found={11})
+    assert not placement.searching
+    work(placement)
+    assert controls.moves == [(11, [1])]
+    assert HelperPlacement(3, controls, found={11}).searching  # one of two so far
+
+
+def test_the_window_closes_when_the_work_raises() -> None:
+    controls = FakeControls([], {0, 1}, live={1})
+    placement = HelperPlacement(2, controls)
+    helper_threads.install(placement)
+    try:
+        with pytest.raises(ValueError), helper_threads.handler_thread_work():
+            raise ValueError("the handler failed")
+        with helper_threads.handler_thread_work():
+            controls.live = {1, 11}
+    finally:
+        helper_threads.install(None)
+    assert placement.helpers == [11]  # its window was the outermost: the stack was empty
 
 
 def test_an_unexpected_error_ends_the_placement_not_the_batch(
@@ -163,11 +210,14 @@ def test_only_the_handlers_thread_searches_and_moves() -> None:
 def test_nothing_to_place_with_one_thread_or_core(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    now = helper_threads.threads_before_load()
+    assert now
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert helper_threads.helper_placement() is None
+    assert helper_threads.helper_placement(now) is None
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert helper_threads.helper_placement() is None
+    assert helper_threads.helper_placement(now) is None
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    placement = helper_threads.helper_placement()
+    assert helper_threads.helper_placement(None) is None  # no /proc before the load
+    placement = helper_threads.helper_placement(helper_threads.threads_before_load())
     assert placement is not None and placement.searching and placement.helpers == []

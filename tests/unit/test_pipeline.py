@@ -118,8 +118,9 @@ def test_torch_helpers_leave_the_core_of_each_micro_batchs_inference() -> None:
     from tests.fixtures.thread_controls import FakeControls, placement_that_found
 
     # The handler's thread wakes for each micro-batch's preprocessed input, perhaps on
-    # another core: the helpers are placed again before its inference.
-    controls = FakeControls([0, 1, 0], {0, 1}, live={11})
+    # another core: the helpers are placed again before its inference (and before the
+    # batch: the first core).
+    controls = FakeControls([0, 0, 1, 0], {0, 1}, live={11})
     helper_threads.install(placement_that_found(controls, {11}))
     pipeline = StagePipeline(Recorder(), PipelineSettings(2, 2, 1))
     try:
@@ -145,20 +146,20 @@ class ThreadStarter(Recorder):
         return super().inference(batch)
 
 
-@pytest.mark.parametrize(("rows", "found"), [(2, [11]), (6, [])])
-def test_helpers_are_sought_only_in_an_inference_while_no_stage_thread_works(
-    rows: int, found: list[int]
+@pytest.mark.parametrize("rows", [2, 6])
+def test_while_helpers_are_sought_each_inference_runs_with_the_stage_threads_idle(
+    rows: int,
 ) -> None:
     from ferry.worker import helper_threads
     from ferry.worker.helper_threads import HelperPlacement
     from tests.fixtures.thread_controls import FakeControls
 
-    # One micro-batch: nothing else runs during its inference. Three: the first inference
-    # runs while the next micro-batches' preprocess may start threads of their own.
-    controls = FakeControls([], {0, 1}, live={1})
+    # Three micro-batches: no preprocess runs ahead of the inference that starts the team.
+    controls = FakeControls([0, 0], {0, 1}, live={1})
     placement = HelperPlacement(2, controls)
     helper_threads.install(placement)
-    pipeline = StagePipeline(ThreadStarter(controls), PipelineSettings(2, 2, 1))
+    handler = ThreadStarter(controls)
+    pipeline = StagePipeline(handler, PipelineSettings(2, 2, 1))
     try:
         assert pipeline.handle([{"body": i} for i in range(rows)], batch_context(rows)) == [
             float(i * i) for i in range(rows)
@@ -166,4 +167,5 @@ def test_helpers_are_sought_only_in_an_inference_while_no_stage_thread_works(
     finally:
         helper_threads.install(None)
         pipeline.close()
-    assert placement.helpers == found
+    assert placement.helpers == [11]
+    assert handler.most_ready == 1
