@@ -178,8 +178,7 @@ class LinuxThreadControls:
         return os.sched_getaffinity(0)
 
     def live_threads(self) -> Set[int]:
-        """This process's threads (raises OSError where ``/proc`` is missing)."""
-        return {int(tid) for tid in os.listdir("/proc/self/task")}
+        return _process_threads()
 
     def python_threads(self) -> Set[int]:
         return {thread.native_id for thread in threading.enumerate() if thread.native_id}
@@ -203,10 +202,15 @@ def _libc_sched_getcpu() -> Callable[[], int] | None:
     return cast(Callable[[], int], function)
 
 
+def _process_threads() -> set[int]:
+    """This process's threads (raises OSError where ``/proc`` is missing)."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
 def threads_before_load() -> Set[int] | None:
     """This process's threads before the handler loads (None without ``/proc``)."""
     try:
-        return {int(tid) for tid in os.listdir("/proc/self/task")}
+        return _process_threads()
     except OSError:
         return None
 
@@ -235,7 +239,7 @@ def helper_placement(before_load: Set[int] | None) -> HelperPlacement | None:
 def seeking_helpers() -> bool:
     """Whether the calling thread's works are still searched for torch's helpers (a stage
     pipeline then runs one micro-batch at a time, its stage threads idle)."""
-    placement = _placement if threading.get_ident() == _placing_thread else None
+    placement = _this_threads_placement()
     return placement is not None and placement.searching
 
 
@@ -250,12 +254,16 @@ def install(placement: HelperPlacement | None) -> None:
     _placing_thread = threading.get_ident()
 
 
+def _this_threads_placement() -> HelperPlacement | None:
+    return _placement if threading.get_ident() == _placing_thread else None
+
+
 @contextlib.contextmanager
 def handler_thread_work(search: bool = True) -> Iterator[None]:
     """Around the handler thread's torch work: the helpers off its current core, or found
     among the threads the work starts (``search=False`` where other threads may start some
     meanwhile). Nothing in any other thread, or in a worker without a placement."""
-    placement = _placement if threading.get_ident() == _placing_thread else None
+    placement = _this_threads_placement()
     if placement is None:
         yield
         return

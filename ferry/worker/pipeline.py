@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextvars import copy_context
 from dataclasses import dataclass
@@ -143,8 +143,9 @@ class StagePipeline:
                 if seeking:
                     wait([post[3] for post in posts if isinstance(post[3], Future)])
                 start = time.perf_counter()
-                # Woken by a preprocess thread, perhaps on another core.
-                with handler_thread_work(search=not pending and _all_done(posts)):
+                # Woken by a preprocess thread, perhaps on another core. While seeking,
+                # no stage thread works now: the inference's new threads are the helpers.
+                with handler_thread_work():
                     output = self.handler.inference(tensor) if tensor is not None else None
                 context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
             except Exception as exc:
@@ -185,11 +186,6 @@ class StagePipeline:
         self._post.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.close()
-
-
-def _all_done(posts: Sequence[tuple[Any, ...]]) -> bool:
-    """No postprocess of these micro-batches still runs."""
-    return all(not isinstance(post[3], Future) or post[3].done() for post in posts)
 
 
 def _start_processes(handler: Any, count: int) -> PreprocessProcesses | None:
