@@ -39,6 +39,13 @@ the silence since its last arrivals shows the rate has dropped long before the w
 forgets the burst."""
 COST_SMOOTHING = 0.2
 """Weight of a new batch timing in its size's running cost."""
+SEED_TIMINGS = 3
+"""Timings of a size whose lowest is its cost before the running mean takes over: a
+size's first batches pay one-off costs (lazy initialisation, the allocator growing, cold
+caches), which only ever make a batch slower. Averaged in, they made the size look dear
+for dozens of batches: after six requests to the demo model, 37 ms learned for a batch
+that takes 3, so ``adaptive`` waited for nothing and requests with a 20 ms deadline were
+shed."""
 
 
 @dataclass(frozen=True)
@@ -147,19 +154,30 @@ class RecentRate:
 
 
 class CostModel:
-    """A batch's cost by size, learned from the worker's timings (a running mean per
-    size); sizes not seen are interpolated between seen ones, and beyond the largest
-    seen assumed to cost proportionally more (no gain claimed without evidence)."""
+    """A batch's cost by size, learned from the worker's timings (the lowest of a size's
+    first ``SEED_TIMINGS``, then a running mean); sizes not seen are interpolated between
+    seen ones, and beyond the largest seen assumed to cost proportionally more (no gain
+    claimed without evidence)."""
 
-    def __init__(self, smoothing: float = COST_SMOOTHING) -> None:
+    def __init__(self, smoothing: float = COST_SMOOTHING, seed_timings: int = SEED_TIMINGS) -> None:
         self.smoothing = smoothing
+        self.seed_timings = seed_timings
         self.seconds: dict[int, float] = {}
+        self.timings: dict[int, int] = {}
+        """Timings seen per size."""
 
     def observe(self, size: int, seconds: float) -> None:
         if size < 1 or seconds <= 0:
             return
         old = self.seconds.get(size)
-        self.seconds[size] = seconds if old is None else old + self.smoothing * (seconds - old)
+        seen = self.timings.get(size, 0)
+        self.timings[size] = seen + 1
+        if old is None:
+            self.seconds[size] = seconds
+        elif seen < self.seed_timings:
+            self.seconds[size] = min(old, seconds)
+        else:
+            self.seconds[size] = old + self.smoothing * (seconds - old)
 
     def cost(self, size: int) -> float | None:
         if size in self.seconds:

@@ -38,6 +38,7 @@ def _state(now: float, queued: int, oldest: float = 0.0, **kwargs: float) -> Que
 @pytest.fixture(autouse=True)
 def _no_costs_yet() -> None:
     COSTS.seconds.clear()
+    COSTS.timings.clear()
 
 
 def _learned(policy: AdaptivePolicy, costs_ms: dict[int, float]) -> AdaptivePolicy:
@@ -184,8 +185,32 @@ def test_a_lone_request_right_after_a_burst_is_not_held_back() -> None:
     assert after.dispatch and after.reason == "idle_worker"
 
 
+def test_a_sizes_cold_first_batches_do_not_make_it_look_dear() -> None:
+    costs = CostModel(smoothing=0.5, seed_timings=3)
+    for ms in (98, 30, 28):  # the first batch of one pays the model's one-off start-up
+        costs.observe(1, ms / 1000)
+    assert costs.cost(1) == pytest.approx(0.028)  # the lowest of the first three
+    costs.observe(1, 0.032)  # from then on a running mean: it follows a real change
+    assert costs.cost(1) == pytest.approx(0.030)
+    costs.observe(2, 0.090)
+    assert costs.cost(2) == pytest.approx(0.090)  # one timing is all there is to go on
+
+
+def test_after_a_cold_start_a_lone_request_goes_at_once_and_its_deadline_stands() -> None:
+    queue = BatchAssembler[int](8, 0.05, 10, AdaptivePolicy())
+    queue.batch_timed(8, 0.120)
+    queue.batch_timed(1, 0.098)  # cold: batches of one look slower than they are
+    queue.batch_timed(1, 0.028)
+    # 20 requests a second: batches of one keep up at 28 ms (36/s), not at 98 (10/s)
+    for arrival in range(20):
+        queue.policy.arrived(arrival * 0.05)
+    queue.put(1, 1.0)
+    assert queue.poll(1.0) == ([1], "idle_worker")
+    assert queue.costs.cost(1) == pytest.approx(0.028)  # what shedding by deadline uses
+
+
 def test_cost_model_learns_interpolates_and_claims_no_gain_beyond_evidence() -> None:
-    costs = CostModel(smoothing=0.5)
+    costs = CostModel(smoothing=0.5, seed_timings=1)
     assert costs.cost(1) is None and costs.throughput(1) is None
     costs.observe(1, 0.010)
     costs.observe(1, 0.020)  # running mean: halfway
