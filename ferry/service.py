@@ -721,6 +721,11 @@ class FerryService:
             refusal = self._over_worker_limit(entry.archive, min_worker, replacing=entry)
             if refusal is not None:
                 raise InvalidRequest(refusal)
+        if min_worker > 0 and not entry.runner.slots:
+            # Registered with no workers (TorchServe's default), its thread count was a
+            # lone worker's: all the cores, which each of these would then take.
+            threads = self._torch_threads(self._cores or available_cores(), min_worker, None)
+            entry.runner.set_torch_threads(threads)
         await entry.runner.scale(min_worker, max_worker, wait=synchronous)
         self._snapshot_changed()
         ref = ModelRef(entry.archive.name, entry.archive.version)

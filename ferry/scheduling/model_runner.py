@@ -120,6 +120,11 @@ class ModelRunner:
             self.settings, batch_policy=name, latency_objective_ms=latency_objective_ms
         )
 
+    def set_torch_threads(self, threads: int) -> None:
+        """The torch thread count of the workers started from now on."""
+        self.spec = dataclasses.replace(self.spec, torch_threads=threads)
+        self.settings = dataclasses.replace(self.settings, torch_threads=threads)
+
     @property
     def slots(self) -> list[WorkerSlot]:
         return self.pool.slots

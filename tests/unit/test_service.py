@@ -32,8 +32,10 @@ class ByModel:
 
     def __init__(self, *broken: str) -> None:
         self.broken = set(broken)
+        self.started: list[WorkerSpec] = []
 
     async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
+        self.started.append(spec)
         if spec.model_name in self.broken or spec.handler == "invalidHandler":
             raise load_error(f"RuntimeError: {spec.model_name} cannot load")
         return FakeWorker(Behaviour.ECHO)
@@ -232,6 +234,35 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
         # No core free: the usual split, and the workers run unpinned (they log it).
         await service.register(RegisterRequest(url="late.mar", initial_workers=2, synchronous=True))
         assert threads(service, "late") == 4
+        await service.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("pinning", [False, True])
+def test_a_model_registered_without_workers_splits_the_cores_when_scaled_up(
+    store: Path, monkeypatch: pytest.MonkeyPatch, pinning: bool
+) -> None:
+    """TorchServe's flow: register with no workers, then scale. Each of the workers scaled
+    up got the thread count of a lone worker, every core: unpinned, 4 workers ran 8
+    threads each on 8 cores; pinned, the first took every core and the others ran
+    unpinned."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    for name in USER_AFFINITY:
+        monkeypatch.delenv(name, raising=False)
+    workers = ByModel()
+
+    async def scenario() -> None:
+        settings = {"model_store": store, "enable_model_api": True, "cpu_pinning": pinning}
+        service = FerryService(ServerSettings(**settings), start_worker=workers)  # type: ignore[arg-type]
+        await service.register(RegisterRequest(url="good.mar", initial_workers=0))
+        await service.scale("good", None, 4, 4, synchronous=True)
+        assert [spec.torch_threads for spec in workers.started] == [2, 2, 2, 2]
+        await service.scale("good", None, 6, 6, synchronous=True)  # they keep theirs
+        assert [spec.torch_threads for spec in workers.started[4:]] == [2, 2]
+        await service.scale("good", None, 0, 0, synchronous=True)
+        await service.scale("good", None, 1, 1, synchronous=True)  # from none again
+        assert workers.started[-1].torch_threads == 8
         await service.close()
 
     run(scenario)
