@@ -45,7 +45,7 @@ size's first batches pay one-off costs (lazy initialisation, the allocator growi
 caches), which only ever make a batch slower. Averaged in, they made the size look dear
 for dozens of batches: after six requests to the demo model, 37 ms learned for a batch
 that takes 3, so ``adaptive`` waited for nothing and requests with a 20 ms deadline were
-shed."""
+shed. (The dispatcher leaves out each worker's very first batch of a size as well.)"""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from ferry.scheduling.assembler import BatchAssembler
-from ferry.scheduling.batch_policy import BatchPolicy
+from ferry.scheduling.batch_policy import BatchPolicy, CostModel
 
 T = TypeVar("T")
 
@@ -41,6 +41,11 @@ class BatchQueue(Generic[T]):
     @property
     def batch_size(self) -> int:
         return self._assembler.batch_size
+
+    @property
+    def costs(self) -> CostModel:
+        """The batch costs learned so far (read them; ``batch_timed`` teaches them)."""
+        return self._assembler.costs
 
     def _wake_all(self) -> None:
         for waiter in self._waiters:

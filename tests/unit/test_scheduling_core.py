@@ -380,6 +380,25 @@ def test_recycling_after_n_requests_fails_no_request() -> None:
     run(scenario)
 
 
+def test_no_worker_s_first_batch_of_a_size_counts_as_its_cost() -> None:
+    """A worker's first batch of a size pays its one-off costs (lazy initialisation, cold
+    caches): a replacement's would make the size look dear again for a dozen batches."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        runner = runner_with(factory, recycle=RecyclePolicy(max_requests=3), batch_size=1)
+        runner.start()
+        for i in range(6):  # one at a time: batches of one, three per worker
+            job = make_job(f"{i}".encode())
+            runner.submit(job)
+            await outcomes([job])
+        assert [len(worker.batches) for worker in factory.started[:2]] == [3, 3]
+        assert runner.queue.costs.timings == {1: 4}  # 2 of each worker's 3
+        await runner.stop()
+
+    run(scenario)
+
+
 def test_recycling_above_a_memory_limit() -> None:
     policy = RecyclePolicy(max_rss_bytes=100 << 20)
     check = policy.check_for(42, rss=lambda pid: 200 << 20)
