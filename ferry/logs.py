@@ -107,15 +107,19 @@ def configure_logging(log_format: str, level: str, log_location: Path | None = N
     ``LOG_FILES`` in that folder (created if missing; files are appended to)."""
     global _access_lines
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
-    stderr = logging.StreamHandler(sys.stderr)
-    files = _file_handlers(log_location) if log_location is not None else None
-    handlers: list[logging.Handler] = [stderr] if files is None else list(files.values())
+    access_handler: logging.Handler
+    handlers: list[logging.Handler]
+    if log_location is None:
+        access_handler = logging.StreamHandler(sys.stderr)
+        handlers = [access_handler]
+    else:
+        files = _file_handlers(log_location)
+        access_handler, handlers = files[ACCESS_LOGGER], list(files.values())
     for handler in handlers:
         handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = handlers
     root.setLevel(level)
-    access_handler = stderr if files is None else files[ACCESS_LOGGER]
     _access_lines = AccessLines(access_handler) if log_format == "plain" else None
 
 
