@@ -11,6 +11,7 @@ Run: ``python benchmarks/batching_benchmark.py``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -176,7 +177,15 @@ def write(sections: list[tuple[str, Path]]) -> None:
 
 
 def main() -> None:
-    if "--report-only" in sys.argv[1:]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild batching.md from the reports a previous run saved; measure nothing",
+    )
+    if parser.parse_args().report_only:
         rebuild()
         return
     sections = []

@@ -26,6 +26,7 @@ under ``benchmarks/results/batching_peers/``. Run: ``python benchmarks/batching_
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -526,9 +527,16 @@ def saved_rates() -> str | None:
 
 
 def main() -> None:
-    # --reuse: keep what a previous run saved under FOLDER (sweeps, traces, no-op figures)
-    # and measure the rest.
-    reuse = "--reuse" in sys.argv[1:]
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help=f"keep what a previous run saved under {FOLDER.relative_to(ROOT)} (sweeps, "
+        "traces, no-op figures) and measure only the rest",
+    )
+    reuse = parser.parse_args().reuse
     reports: dict[str, dict[str, Any]] = {}
     trace_figures: dict[str, TraceFigures] = {}
     missing: dict[str, str] = {}

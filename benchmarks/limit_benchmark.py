@@ -8,6 +8,7 @@ introduces them with the machine and the commands. Run: ``python benchmarks/limi
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,9 @@ def command_text(argv: list[str], work: Path) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         demo_store = ROOT / "examples" / "demo" / "model-store"

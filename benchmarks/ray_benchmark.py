@@ -14,6 +14,7 @@ Two rounds, each measuring every set-up once in turn; medians. Writes
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -180,6 +181,9 @@ def node_fault(cluster: Any, urls: dict[str, str], images: list[bytes]) -> Fault
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from a benchmark
