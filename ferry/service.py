@@ -717,16 +717,23 @@ class FerryService:
         if min_worker < 0 or max_worker < min_worker:
             raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
         entry = self.registry.get(name, version)
-        if min_worker > len(entry.runner.slots):
+        runner = entry.runner
+        threads_before = runner.settings.torch_threads
+        added = min_worker - len(runner.slots)
+        if added > 0:
             refusal = self._over_worker_limit(entry.archive, min_worker, replacing=entry)
             if refusal is not None:
                 raise InvalidRequest(refusal)
-        if min_worker > 0 and not entry.runner.slots:
-            # Registered with no workers (TorchServe's default), its thread count was a
-            # lone worker's: all the cores, which each of these would then take.
-            threads = self._torch_threads(self._cores or available_cores(), min_worker, None)
-            entry.runner.set_torch_threads(threads)
-        await entry.runner.scale(min_worker, max_worker, wait=synchronous)
+            # The model's share for its new worker count (registered with none, TorchServe's
+            # default, it was a lone worker's: every core, which each new one then took);
+            # pinned, the new workers split the cores still free.
+            cores = self._cores or available_cores()
+            runner.set_torch_threads(self._torch_threads(cores, min_worker, added))
+        try:
+            await runner.scale(min_worker, max_worker, wait=synchronous)
+        except ModelLoadFailed:
+            runner.set_torch_threads(threads_before)  # the scale-up was undone
+            raise
         self._snapshot_changed()
         ref = ModelRef(entry.archive.name, entry.archive.version)
         return Registration(ref, len(entry.runner.slots), ready=synchronous)

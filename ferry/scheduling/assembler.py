@@ -116,9 +116,10 @@ class BatchAssembler(Generic[T]):
         decision = self.decision(now)
         return (self.take(now), decision.reason) if decision.dispatch else None
 
-    def batch_timed(self, size: int, seconds: float) -> None:
-        """The time a batch of ``size`` occupied a worker: the policy's cost evidence."""
-        self.costs.observe(size, seconds)
+    def batch_timed(self, size: int, seconds: float, *, workers_first: bool = False) -> None:
+        """The time a batch of ``size`` occupied a worker (``workers_first``: the worker's
+        first of that size): the policy's cost evidence."""
+        self.costs.observe(size, seconds, workers_first=workers_first)
 
     def describe(self, now: float) -> dict[str, Any]:
         """The policy's name and state, and the batch costs learned so far."""

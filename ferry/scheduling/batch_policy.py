@@ -41,11 +41,13 @@ COST_SMOOTHING = 0.2
 """Weight of a new batch timing in its size's running cost."""
 SEED_TIMINGS = 3
 """Timings of a size whose lowest is its cost before the running mean takes over: a
-size's first batches pay one-off costs (lazy initialisation, the allocator growing, cold
-caches), which only ever make a batch slower. Averaged in, they made the size look dear
-for dozens of batches: after six requests to the demo model, 37 ms learned for a batch
-that takes 3, so ``adaptive`` waited for nothing and requests with a 20 ms deadline were
-shed. (The dispatcher leaves out each worker's very first batch of a size as well.)"""
+worker's first batches of a size pay one-off costs (lazy initialisation, the allocator
+growing, cold caches: a fresh ResNet-18 worker's first batches of one took 47 and 37 ms,
+later ones 25), which only ever make a batch slower. Averaged in, they made the size look
+dear for dozens of batches: after six requests to the demo model, 37 ms learned for a
+batch that takes 3, so ``adaptive`` waited for nothing and requests with a 20 ms deadline
+were shed. Once a size is seeded, a worker's first batch of it (a replacement's, a
+recycled or scaled-up worker's) is left out."""
 
 
 @dataclass(frozen=True)
@@ -154,10 +156,10 @@ class RecentRate:
 
 
 class CostModel:
-    """A batch's cost by size, learned from the worker's timings (the lowest of a size's
-    first ``SEED_TIMINGS``, then a running mean); sizes not seen are interpolated between
-    seen ones, and beyond the largest seen assumed to cost proportionally more (no gain
-    claimed without evidence)."""
+    """A batch's cost by size, learned from the workers' timings (the lowest of a size's
+    first ``SEED_TIMINGS``, then a running mean without workers' first batches of the
+    size); sizes not seen are interpolated between seen ones, and beyond the largest seen
+    assumed to cost proportionally more (no gain claimed without evidence)."""
 
     def __init__(self, smoothing: float = COST_SMOOTHING, seed_timings: int = SEED_TIMINGS) -> None:
         self.smoothing = smoothing
@@ -166,11 +168,13 @@ class CostModel:
         self.timings: dict[int, int] = {}
         """Timings seen per size."""
 
-    def observe(self, size: int, seconds: float) -> None:
-        if size < 1 or seconds <= 0:
+    def observe(self, size: int, seconds: float, *, workers_first: bool = False) -> None:
+        """A batch of ``size`` took ``seconds``; ``workers_first``: its worker's first of
+        that size."""
+        seen = self.timings.get(size, 0)
+        if size < 1 or seconds <= 0 or (workers_first and seen >= self.seed_timings):
             return
         old = self.seconds.get(size)
-        seen = self.timings.get(size, 0)
         self.timings[size] = seen + 1
         if old is None:
             self.seconds[size] = seconds

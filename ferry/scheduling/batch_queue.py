@@ -83,8 +83,8 @@ class BatchQueue(Generic[T]):
         self._assembler.policy = policy
         self._wake_all()
 
-    def batch_timed(self, size: int, seconds: float) -> None:
-        self._assembler.batch_timed(size, seconds)
+    def batch_timed(self, size: int, seconds: float, *, workers_first: bool = False) -> None:
+        self._assembler.batch_timed(size, seconds, workers_first=workers_first)
 
     def expected_cost(self, size: int) -> float:
         """Seconds a batch of ``size`` is expected to take (0 before any was timed)."""

@@ -146,11 +146,10 @@ class Lane:
     pending: deque[Exchange] = field(default_factory=deque)
     held: InFlight = field(default_factory=InFlight)
     sizes_run: set[int] = field(default_factory=set)
-    """Batch sizes the worker has answered: its first batch of a size is no evidence of
-    what the size costs (it pays the worker's one-off costs: a fresh ResNet-18 worker's
-    first batches of one took 47 and 37 ms, later ones 25)."""
+    """Batch sizes the worker has answered (its first of a size pays one-off costs)."""
 
-    def first_of_its_size(self, exchange: Exchange) -> bool:
+    def note_size(self, exchange: Exchange) -> bool:
+        """Note the batch's size as run; True if the worker had run none of that size."""
         size = len(exchange.jobs)
         first = size not in self.sizes_run
         self.sizes_run.add(size)
@@ -295,9 +294,9 @@ class Dispatcher:
                     ready = self._take_ready()
                     if ready:
                         pending.append(await self._send(worker, ready, lane.held))
-            finally:
-                timed = not lane.first_of_its_size(current)
-                self._deliver(current, result, lane.held, timed)  # even if that send failed
+            finally:  # even if that send failed
+                first = lane.note_size(current)
+                self._deliver(current, result, lane.held, workers_first=first)
             if recycling and not pending:
                 log.info("%s worker pid %s recycled: %s", self.name, worker.info.pid, recycling)
                 return ServeEnd.RECYCLE
@@ -425,16 +424,17 @@ class Dispatcher:
         return max(0.0, exchange.deadline - self._clock())
 
     def _deliver(
-        self, exchange: Exchange, result: BatchResult, held: InFlight, timed: bool
+        self, exchange: Exchange, result: BatchResult, held: InFlight, *, workers_first: bool
     ) -> None:
-        """Answer the batch's requests; ``timed``: its round trip is cost evidence."""
+        """Answer the batch's requests (``workers_first``: the worker's first batch of its
+        size, which the cost model weighs apart)."""
         jobs = exchange.jobs
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         self.metrics.stages(result.stage_ms)
         round_trip_ms = (self._clock() - exchange.started_at) * 1000
         self.metrics.batch_done(result.handler_ms, max(0.0, round_trip_ms - result.handler_ms))
-        if timed:  # what a batch of this size occupies a worker for
-            self.queue.batch_timed(len(jobs), round_trip_ms / 1000)
+        # What a batch of this size occupies a worker for: the batch policy's evidence.
+        self.queue.batch_timed(len(jobs), round_trip_ms / 1000, workers_first=workers_first)
         for metric in result.metrics:
             self.metrics.handler_metric(
                 metric.name, metric.value, metric.unit, metric.kind, metric.dimensions

@@ -192,7 +192,9 @@ def test_a_sizes_cold_first_batches_do_not_make_it_look_dear() -> None:
     assert costs.cost(1) == pytest.approx(0.028)  # the lowest of the first three
     costs.observe(1, 0.032)  # from then on a running mean: it follows a real change
     assert costs.cost(1) == pytest.approx(0.030)
-    costs.observe(2, 0.090)
+    costs.observe(1, 0.090, workers_first=True)  # a new worker's first: left out
+    assert costs.cost(1) == pytest.approx(0.030) and costs.timings[1] == 4
+    costs.observe(2, 0.090, workers_first=True)  # but it seeds a size like any other
     assert costs.cost(2) == pytest.approx(0.090)  # one timing is all there is to go on
 
 

@@ -240,29 +240,53 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
 
 
 @pytest.mark.parametrize("pinning", [False, True])
-def test_a_model_registered_without_workers_splits_the_cores_when_scaled_up(
+def test_scaling_up_gives_new_workers_the_model_s_share_for_its_new_count(
     store: Path, monkeypatch: pytest.MonkeyPatch, pinning: bool
 ) -> None:
-    """TorchServe's flow: register with no workers, then scale. Each of the workers scaled
-    up got the thread count of a lone worker, every core: unpinned, 4 workers ran 8
-    threads each on 8 cores; pinned, the first took every core and the others ran
-    unpinned."""
+    """TorchServe's flow: register with no workers (or one), then scale. Each worker
+    scaled up got the thread count of the workers at registration, every core for none or
+    one: unpinned, 4 workers ran 8 threads each on 8 cores; pinned, the first took every
+    core and the others ran unpinned."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     for name in USER_AFFINITY:
         monkeypatch.delenv(name, raising=False)
     workers = ByModel()
 
+    def new_threads(count: int) -> list[int]:
+        return [spec.torch_threads for spec in workers.started[-count:]]
+
     async def scenario() -> None:
         settings = {"model_store": store, "enable_model_api": True, "cpu_pinning": pinning}
         service = FerryService(ServerSettings(**settings), start_worker=workers)  # type: ignore[arg-type]
+        cores = service._pinned_cores
         await service.register(RegisterRequest(url="good.mar", initial_workers=0))
-        await service.scale("good", None, 4, 4, synchronous=True)
-        assert [spec.torch_threads for spec in workers.started] == [2, 2, 2, 2]
-        await service.scale("good", None, 6, 6, synchronous=True)  # they keep theirs
-        assert [spec.torch_threads for spec in workers.started[4:]] == [2, 2]
+        await service.scale("good", None, 2, 2, synchronous=True)
+        assert new_threads(2) == [4, 4]
+        if cores is not None:
+            cores.claim(6)  # as if those workers, and another model's, held 6 cores
+        await service.scale("good", None, 4, 4, synchronous=True)  # in steps
+        assert new_threads(2) == ([1, 1] if pinning else [2, 2])  # pinned: the 2 left
+        if cores is not None:
+            cores.release(range(8))
         await service.scale("good", None, 0, 0, synchronous=True)
         await service.scale("good", None, 1, 1, synchronous=True)  # from none again
-        assert workers.started[-1].torch_threads == 8
+        assert new_threads(1) == [8]
+        await service.close()
+
+    run(scenario)
+
+
+def test_a_scale_up_that_fails_leaves_the_model_s_thread_count_as_it_was(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+
+    async def scenario() -> None:
+        service = service_for(store, "bad")
+        await service.register(RegisterRequest(url="bad.mar", initial_workers=0))
+        with pytest.raises(ModelLoadFailed, match="bad cannot load"):
+            await service.scale("bad", None, 2, 2, synchronous=True)
+        assert service._runner("bad").settings.torch_threads == 8
         await service.close()
 
     run(scenario)
