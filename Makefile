@@ -35,8 +35,11 @@ typecheck: $(STAMP)
 
 ## TorchServe 0.12 in .venv-torchserve for tests/compat; never fails the build (they skip).
 torchserve-venv: $(STAMP)
-	bash scripts/torchserve-venv.sh || echo "note: TorchServe 0.12 could not be installed:" \
-	    "tests/compat will skip (scripts/torchserve-venv.sh says why above)" >&2
+	@if ! command -v java >/dev/null && [ -z "$$JAVA_HOME" ]; then \
+	    echo "note: no Java (java on PATH or JAVA_HOME) to run TorchServe: tests/compat will skip" >&2; \
+	elif ! bash scripts/torchserve-venv.sh; then \
+	    echo "note: TorchServe 0.12 could not be installed (above): tests/compat will skip" >&2; \
+	fi
 
 ## Same archives, same requests to TorchServe 0.12 (in .venv-torchserve) and to Ferry.
 compat: $(STAMP)
@@ -52,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/core_benchmark.py --out benchmarks/results/core.md
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-torchserve .mypy_cache .pytest_cache .ruff_cache

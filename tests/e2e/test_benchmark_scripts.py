@@ -25,6 +25,8 @@ SCRIPTS = sorted(
 BOUND = 120.0
 """Seconds an answer to ``--help`` may take (imports on a loaded machine) before the
 script is taken to be measuring."""
+STOP_GRACE = 90.0
+"""Seconds a script that was measuring gets to stop its servers once interrupted."""
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +50,25 @@ def test_help_describes_the_script_and_measures_nothing(benchmarks_copy: Path, s
         stderr=subprocess.PIPE,
         text=True,
         cwd=benchmarks_copy.parent,
-        start_new_session=True,  # so that servers it started go with it
+        start_new_session=True,
     )
     try:
         stdout, stderr = script_run.communicate(timeout=BOUND)
     except subprocess.TimeoutExpired:
-        os.killpg(script_run.pid, signal.SIGKILL)
-        script_run.communicate()
+        _interrupt(script_run)
         pytest.fail(f"{script} --help was still running after {BOUND:g} s: it measures")
     assert script_run.returncode == 0, stderr
     assert stdout.startswith("usage: "), stdout[:500]
     written = [path for path in (benchmarks_copy / "results").rglob("*") if path.is_file()]
     assert not written, f"{script} --help wrote {written}"
+
+
+def _interrupt(script_run: subprocess.Popen[str]) -> None:
+    """Ctrl-C, so that the script stops the servers it started (each in a session of its
+    own, out of reach of a signal to the script's group) before it goes; then SIGKILL."""
+    os.killpg(script_run.pid, signal.SIGINT)
+    try:
+        script_run.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        os.killpg(script_run.pid, signal.SIGKILL)
+        script_run.communicate()
