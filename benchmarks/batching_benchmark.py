@@ -177,9 +177,7 @@ def write(sections: list[tuple[str, Path]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--report-only",
         action="store_true",

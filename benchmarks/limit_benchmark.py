@@ -32,9 +32,7 @@ def command_text(argv: list[str], work: Path) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
+    argparse.ArgumentParser(description=__doc__).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         demo_store = ROOT / "examples" / "demo" / "model-store"

@@ -181,9 +181,7 @@ def node_fault(cluster: Any, urls: dict[str, str], images: list[bytes]) -> Fault
 
 
 def main() -> None:
-    argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
+    argparse.ArgumentParser(description=__doc__).parse_args()
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from a benchmark

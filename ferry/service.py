@@ -331,7 +331,7 @@ class FerryService:
         """``sharing_workers``: with ``cpu_pinning``, how many workers (this model's among
         them) will claim the free cores; None: this model's alone."""
         config, settings = archive.config, self.settings
-        cores = self._cores or available_cores()
+        cores = self._core_count()
         workers = self._worker_count(archive, cores)
         gpu_ids = model_gpus(self._gpus, config.device_type, config.device_ids, self._next_gpu)
         if gpu_ids and not config.device_ids:
@@ -360,6 +360,10 @@ class FerryService:
                 else config.max_worker_memory_mb << 20,
             ),
         )
+
+    def _core_count(self) -> int:
+        """The cores this server's workers share (a Ray replica's: those Ray gave it)."""
+        return self._cores or available_cores()
 
     def _worker_count(self, archive: ModelArchive, cores: int) -> int:
         workers = archive.config.min_workers
@@ -459,7 +463,7 @@ class FerryService:
             ]
             installed = [await self._startup_packages(a) for a in opened if a is not None]
             archives = [archive for archive in installed if archive is not None]
-            cores = self._cores or available_cores()
+            cores = self._core_count()
             sharing = sum(self._worker_count(archive, cores) for archive in archives)
             started = [
                 self._start(archive, at_startup=True, sharing_workers=sharing)
@@ -727,8 +731,8 @@ class FerryService:
             # The model's share for its new worker count (registered with none, TorchServe's
             # default, it was a lone worker's: every core, which each new one then took);
             # pinned, the new workers split the cores still free.
-            cores = self._cores or available_cores()
-            runner.set_torch_threads(self._torch_threads(cores, min_worker, added))
+            threads = self._torch_threads(self._core_count(), min_worker, added)
+            runner.set_torch_threads(threads)
         try:
             await runner.scale(min_worker, max_worker, wait=synchronous)
         except ModelLoadFailed:
