@@ -47,3 +47,23 @@ def memory_bytes() -> tuple[int, int]:
     except (OSError, IndexError, ValueError):
         pass
     return values.get("MemTotal", 0), values.get("MemAvailable", 0)
+
+
+def descendants(root: int) -> list[int]:
+    """``root``'s child processes, theirs, and so on (from each process's parent in /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended while we read
+    found: list[int] = []
+    frontier = {root}
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = set(children)
+    return found

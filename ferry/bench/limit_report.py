@@ -123,7 +123,57 @@ def markdown(report: LimitReport, title: str) -> str:
             f"{point.ideal_p50_ms:.1f} | {_ms(point.p99_ms)} | {point.ideal_p99_ms:.1f} | "
             f"{over} | {point.ideal_mean_batch:.2f} | {point.error_rate:.2%} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _core_use_lines(report)) + "\n"
+
+
+def _core_use_lines(report: LimitReport) -> list[str]:
+    """Who used the cores per offered load, where it was measured."""
+    measured = [(p.offered, p.core_use) for p in report.points if p.core_use is not None]
+    if not measured:
+        return []
+    cores = measured[0][1].cores
+    busiest_rate, busiest = max(measured, key=lambda pair: pair[1].generator_cores)
+    lines = [
+        "",
+        f"## Who used the {cores} cores (CPU time per offered load)",
+        "",
+        _generator_sentence(report, cores, busiest_rate, busiest.generator_cores),
+        "",
+        "| offered req/s | cores busy | load generator: cores | load generator ms CPU / "
+        "request | server's main process ms CPU / request | workers ms CPU / request |",
+        "|---|---|---|---|---|---|",
+    ]
+    for offered, used in measured:
+        lines.append(
+            f"| {offered:.1f} | {used.cores_busy:.2f} | {used.generator_cores:.2f} | "
+            f"{used.generator_ms:.2f} | {_ms2(used.server_main_ms)} | "
+            f"{_ms2(used.server_workers_ms)} |"
+        )
+    if any(used.server_workers_ms is not None for _, used in measured):
+        lines += [
+            "",
+            "A worker's CPU time counts torch's threads spinning while they wait for the next "
+            "operation: it can exceed the profiled cost times the threads.",
+        ]
+    return lines
+
+
+def _generator_sentence(report: LimitReport, cores: int, rate: float, used: float) -> str:
+    most = f"{used:.2f} cores ({used / cores:.0%} of the machine, at {rate:.1f} req/s)"
+    if report.spec.url is None:
+        every = "both" if cores == 2 else f"all {cores}"
+        return (
+            f"X* gives the model {every} cores, but the load generator ran on the same "
+            f"machine as the server and used up to {most}."
+        )
+    return (
+        f"The load generator used up to {most}; where the server runs on this machine "
+        f"too, X* counts those cores as the model's."
+    )
+
+
+def _ms2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def document(report: LimitReport) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ferry.bench.core_use import CoreClock, CoreUse
 from ferry.bench.limit import Bounds, bounds, cost_function, simulate
 from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.bench.servers import ServerConfig, model_config_document, model_identity, start_server
@@ -78,6 +79,8 @@ class RatePoint:
     ideal_p50_ms: float
     ideal_p99_ms: float
     ideal_mean_batch: float
+    core_use: CoreUse | None = None
+    """Who used the cores during this rate's run."""
 
 
 @dataclass
@@ -196,10 +199,13 @@ def _check(result: LoadResult, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _served(spec: LimitSpec, model: Path, config: ServerConfig, folder: Path) -> Iterator[str]:
+def _served(
+    spec: LimitSpec, model: Path, config: ServerConfig, folder: Path
+) -> Iterator[tuple[str, int]]:
+    """The model's prediction URL on a Ferry server started here, and the server's pid."""
     name, _ = model_identity(model)
     with start_server("ferry", model, config, folder) as server:
-        yield f"{server.inference_url}/predictions/{name}"
+        yield f"{server.inference_url}/predictions/{name}", server.pid
 
 
 def _noop_archive(folder: Path) -> Path:
@@ -221,7 +227,9 @@ def round_trip(spec: LimitSpec, work: Path, say: Say) -> tuple[float, str]:
         source = f"median of 300 sequential requests to {url}"
         if url is None:
             archive = _noop_archive(work / "noop-store")
-            url = stack.enter_context(_served(spec, archive, ServerConfig(1, 0, 1), work / "noop"))
+            url, _ = stack.enter_context(
+                _served(spec, archive, ServerConfig(1, 0, 1), work / "noop")
+            )
             source = "median of 300 sequential requests to a no-op model on a Ferry server"
         _load(url, [b"x"], "application/octet-stream", concurrency=1, requests=50)  # warm-up
         result = _load(url, [b"x"], "application/octet-stream", concurrency=1, requests=300)
@@ -245,7 +253,12 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
     )
     cost_ms = cost_function(costs)
     with contextlib.ExitStack() as stack:
-        url = spec.url or stack.enter_context(_served(spec, spec.model, config, work / "server"))
+        clock = CoreClock()  # a server given by URL: only the host and the load generator
+        url = spec.url
+        if url is None:
+            url, clock.server_pid = stack.enter_context(
+                _served(spec, spec.model, config, work / "server")
+            )
         concurrency = 2 * spec.batch_size * spec.workers
         _check(
             _load(
@@ -262,9 +275,11 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
         offered = spec.rates or [f * limits.ceiling_sequential for f in spec.fractions]
         for rate in offered:
             fraction = rate / limits.ceiling_sequential
+            before = clock.snapshot()
             result = _load(
                 url, payloads, spec.content_type, rate=rate, duration=spec.seconds, seed=spec.seed
             )
+            used = clock.between(before, clock.snapshot(), result.answered)
             ideal = simulate(result.arrivals_s, cost_ms, spec.batch_size, spec.workers, trip)
             point = RatePoint(
                 offered=rate,
@@ -275,12 +290,15 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
                 ideal_p50_ms=ideal.latency_ms(50),
                 ideal_p99_ms=ideal.latency_ms(99),
                 ideal_mean_batch=statistics.mean(ideal.batch_sizes) if ideal.batch_sizes else 0.0,
+                core_use=used,
             )
             report.points.append(point)
             say(
                 f"offered {rate:.1f} req/s ({fraction:.0%} of X*): goodput {point.goodput:.1f}, "
                 f"p50/p99 {point.p50_ms or math.nan:.1f}/{point.p99_ms or math.nan:.1f} ms; "
-                f"ideal {point.ideal_p50_ms:.1f}/{point.ideal_p99_ms:.1f} ms"
+                f"ideal {point.ideal_p50_ms:.1f}/{point.ideal_p99_ms:.1f} ms; "
+                f"{used.cores_busy:.2f} of {used.cores} cores busy, "
+                f"{used.generator_cores:.2f} by the load generator"
             )
     return report
 

@@ -47,6 +47,8 @@ class StartedServer:
     inference_url: str
     metrics_url: str | None
     log_path: Path
+    pid: int
+    """The server's main process (its workers are its descendants)."""
 
 
 def free_port() -> int:
@@ -248,7 +250,7 @@ def start_server(
     try:
         _wait_healthy(url, process, log_path, timeout=300)
         metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
-        yield StartedServer(url, metrics, log_path)
+        yield StartedServer(url, metrics, log_path, process.pid)
     finally:
         stop_group(process)
 

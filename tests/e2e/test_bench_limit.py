@@ -53,6 +53,9 @@ def test_limit_report_on_the_demo_model(tmp_path: Path) -> None:
     for point in points:
         assert point["goodput"] > 0 and point["error_rate"] == 0
         assert point["ideal_p50_ms"] >= limits["floor_ms"] - 1e-6  # nothing beats the floor
+        used = point["core_use"]  # the server was started here: its processes are measured
+        assert used["cores_busy"] > 0 and used["generator_ms"] > 0
+        assert used["server_main_ms"] > 0 and used["server_workers_ms"] > 0
     assert set(report["ratios"]) == {
         "low_load_p50_minus_floor_ms",
         "peak_goodput_over_ceiling",
@@ -61,6 +64,7 @@ def test_limit_report_on_the_demo_model(tmp_path: Path) -> None:
     }
     text = (out / "limit.md").read_text()
     assert "latency floor L0" in text and "| offered req/s |" in text
+    assert "the load generator ran on the same machine as the server" in text
     assert "low-load p50 - L0" in run.stdout
     assert (out / "limit.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -1,0 +1,122 @@
+"""Who used the cores during a load: CPU-time snapshots from fake /proc readers, and the
+section of the limit report they make."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ferry.bench.core_use import CoreClock, CoreUse, CpuSnapshot
+from ferry.bench.limit import bounds
+from ferry.bench.limit_report import markdown
+from ferry.bench.limit_run import LimitReport, LimitSpec, RatePoint
+
+
+class FakeMachine:
+    """Readers a test moves forward by hand: the host's ticks, the generator's and each
+    server process's CPU seconds, the server's children."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.busy, self.total = 0, 0
+        self.generator = 0.0
+        self.cpu: dict[int, float] = {}
+        self.kids: list[int] = []
+
+    def clock(self, server_pid: int | None = None) -> CoreClock:
+        return CoreClock(
+            server_pid=server_pid,
+            cores=2,
+            clock=lambda: self.now,
+            host=lambda: (self.busy, self.total),
+            own=lambda: self.generator,
+            process=lambda pid: self.cpu[pid],
+            children=lambda pid: list(self.kids),
+        )
+
+
+def test_shares_and_per_request_cpu_of_a_run() -> None:
+    machine = FakeMachine()
+    machine.cpu = {10: 5.0, 11: 100.0, 12: 50.0}
+    machine.kids = [11, 12]
+    clock = machine.clock(server_pid=10)
+    before = clock.snapshot()
+    # 10 s pass: 2 cores give 2000 ticks (at 100 a second), 1500 of them busy.
+    machine.now, machine.busy, machine.total = 10.0, 1500, 2000
+    machine.generator = 1.0  # 0.1 of a core
+    machine.cpu = {10: 7.0, 11: 110.0, 13: 4.0}  # worker 12 ended, 13 replaced it
+    machine.kids = [11, 13]
+    used = clock.between(before, clock.snapshot(), answered=500)
+    figures = (
+        used.cores,
+        used.cores_busy,
+        used.generator_cores,
+        used.generator_ms,
+        used.server_main_ms,
+        used.server_workers_ms,
+    )
+    # Busy 1.5 cores, the generator 0.1 of one and 2 ms a request, the main process 4 ms,
+    # the workers (10 + 4) s over 500 requests.
+    assert figures == pytest.approx((2, 1.5, 0.1, 2.0, 4.0, 28.0))
+
+
+def test_without_a_server_process_only_the_host_and_generator_are_measured() -> None:
+    machine = FakeMachine()
+    clock = machine.clock()
+    before = clock.snapshot()
+    assert before == CpuSnapshot(0.0, 0, 0, 0.0)
+    machine.now, machine.busy, machine.total, machine.generator = 2.0, 100, 400, 0.5
+    used = clock.between(before, clock.snapshot(), answered=0)
+    assert used.server_main_ms is None and used.server_workers_ms is None
+    assert used.cores_busy == pytest.approx(0.5)
+    assert used.generator_ms == pytest.approx(500.0)  # no answer: per one request
+    # An empty interval (a clock that did not move) divides by nothing.
+    still = clock.between(before, before, answered=10)
+    assert (still.cores_busy, still.generator_cores) == (0.0, 0.0)
+
+
+def _report(url: str | None, uses: list[CoreUse | None]) -> LimitReport:
+    spec = LimitSpec(
+        model=Path("m.mar"),
+        inputs=[Path("x.png")],
+        slo_ms=1000,
+        batch_size=2,
+        max_batch_delay=10,
+        workers=1,
+        fractions=[0.5, 0.9],
+        seconds=5,
+        profile_seconds=1,
+        url=url,
+    )
+    costs = {1: {"handler": 10.0}, 2: {"handler": 15.0}}
+    report = LimitReport(spec, costs, 1.0, "measured", bounds(costs, 1.0, 1000), 120.0, 4)
+    for offered, used in zip([60.0, 120.0], uses, strict=True):
+        report.points.append(RatePoint(offered, offered, 12, 20, 0.0, 11, 19, 1.2, used))
+    return report
+
+
+def _use(generator_cores: float, server: bool) -> CoreUse:
+    per_request = 3.0 if server else None
+    return CoreUse(2, 1.8, generator_cores, 0.8, per_request, per_request)
+
+
+def test_the_report_says_how_much_of_the_ceiling_the_load_generator_took() -> None:
+    text = markdown(_report(None, [_use(0.05, True), _use(0.12, True)]), "m")
+    section = text.split("## Who used the 2 cores")[1]
+    assert "X* gives the model both cores" in section
+    assert "ran on the same machine as the server and used up to 0.12 cores" in section
+    assert "(6% of the machine, at 120.0 req/s)" in section
+    assert "| 120.0 | 1.80 | 0.12 | 0.80 | 3.00 | 3.00 |" in section
+    assert "torch's threads spinning" in section
+
+
+def test_a_server_given_by_url_has_no_server_columns_or_claim_of_sharing() -> None:
+    section = markdown(_report("http://elsewhere/p", [_use(0.05, False), _use(0.1, False)]), "m")
+    assert "where the server runs on this machine too" in section
+    assert "| 60.0 | 1.80 | 0.05 | 0.80 | - | - |" in section
+    assert "spinning" not in section
+
+
+def test_no_measurement_no_section() -> None:
+    assert "Who used" not in markdown(_report(None, [None, None]), "m")
