@@ -445,7 +445,7 @@ def write_report(
             f"{max(within, default=0.0) / capacity:.2f}" if capacity else "-"
         )
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows.items()]
-    lines += ["", "![](batching_peers.png)", ""]
+    lines += ["", "![](batching_peers.png)", "", *_core_use_lines(reference)]
     if trace_figures:
         lines += [
             "## 2 and 3. Bursty, and burst then idle",
@@ -492,6 +492,30 @@ def write_report(
         lines.append("")
     (RESULTS / "batching_peers.md").write_text("\n".join(lines))
     plot(reports)
+
+
+def _core_use_lines(reference: dict[str, Any]) -> list[str]:
+    """Who used the cores during Ferry adaptive's sweep: what X* counts as the model's."""
+    measured = [p for p in reference["points"] if p.get("core_use")]
+    if not measured:
+        return []
+    cores = measured[0]["core_use"]["cores"]
+    lines = [
+        f"Who used the {cores} cores during Ferry adaptive's sweep (X* and the ideal count "
+        "them all as the model's; CPU ms per answered request):",
+        "",
+        "| offered req/s | cores busy | load generator: cores | load generator ms | "
+        "frontend ms | worker ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for point in measured:
+        used = point["core_use"]
+        lines.append(
+            f"| {point['offered']:.1f} | {used['cores_busy']:.2f} | "
+            f"{used['generator_cores']:.2f} | {used['generator_ms']:.2f} | "
+            f"{used['server_main_ms']:.2f} | {used['server_workers_ms']:.2f} |"
+        )
+    return [*lines, ""]
 
 
 def plot(reports: dict[str, dict[str, Any]]) -> None:
