@@ -512,10 +512,14 @@ def _core_use_lines(reference: dict[str, Any]) -> list[str]:
         used = point["core_use"]
         lines.append(
             f"| {point['offered']:.1f} | {used['cores_busy']:.2f} | "
-            f"{used['generator_cores']:.2f} | {used['generator_ms']:.2f} | "
-            f"{used['server_main_ms']:.2f} | {used['server_workers_ms']:.2f} |"
+            f"{used['generator_cores']:.2f} | {_cpu_ms(used['generator_ms'])} | "
+            f"{_cpu_ms(used['server_main_ms'])} | {_cpu_ms(used['server_workers_ms'])} |"
         )
     return [*lines, ""]
+
+
+def _cpu_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot(reports: dict[str, dict[str, Any]]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Collection
 from pathlib import Path
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -11,11 +12,19 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds."""
+    times = process_times(pid)
+    return 0.0 if times is None else times[0]
+
+
+def process_times(pid: int) -> tuple[float, float] | None:
+    """A process's own user + system CPU seconds, and those of its children it has reaped
+    (a child's whole life, once it has ended and been waited for); None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return None
+    return own / _CLOCK_TICKS, reaped / _CLOCK_TICKS
 
 
 def resident_bytes(pid: int) -> int:
@@ -26,15 +35,23 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
-def cpu_jiffies() -> tuple[int, int]:
-    """The host's busy and total CPU time since boot, in clock ticks, from /proc/stat."""
+def cpu_jiffies(cpus: Collection[int] | None = None) -> tuple[int, int]:
+    """The host's busy and total CPU time since boot, in clock ticks, from /proc/stat: all
+    its CPUs, or only ``cpus`` (by number)."""
+    wanted = None if cpus is None else {f"cpu{cpu}" for cpu in cpus}
+    busy = total = 0
     try:
-        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *values = line.split() or [""]
+            if (name != "cpu") if wanted is None else (name not in wanted):
+                continue
+            fields = [int(f) for f in values]
+            idle = sum(fields[3:5])  # idle and iowait
+            spent = sum(fields[:8])  # guest time is already counted in user and nice
+            busy, total = busy + spent - idle, total + spent
     except (OSError, ValueError):
         return 0, 0
-    idle = sum(fields[3:5])  # idle and iowait
-    total = sum(fields[:8])  # guest time is already counted in user and nice
-    return total - idle, total
+    return busy, total
 
 
 def memory_bytes() -> tuple[int, int]:

@@ -135,9 +135,11 @@ def _core_use_lines(report: LimitReport) -> list[str]:
     busiest_rate, busiest = max(measured, key=lambda pair: pair[1].generator_cores)
     lines = [
         "",
-        f"## Who used the {cores} cores (CPU time per offered load)",
+        f"## Who used the {'core' if cores == 1 else f'{cores} cores'} (per offered load)",
         "",
         _generator_sentence(report, cores, busiest_rate, busiest.generator_cores),
+        "",
+        "Cores busy counts everything that ran on them; CPU time is per answered request.",
         "",
         "| offered req/s | cores busy | load generator: cores | load generator ms CPU / "
         "request | server's main process ms CPU / request | workers ms CPU / request |",
@@ -146,7 +148,7 @@ def _core_use_lines(report: LimitReport) -> list[str]:
     for offered, used in measured:
         lines.append(
             f"| {offered:.1f} | {used.cores_busy:.2f} | {used.generator_cores:.2f} | "
-            f"{used.generator_ms:.2f} | {_ms2(used.server_main_ms)} | "
+            f"{_ms2(used.generator_ms)} | {_ms2(used.server_main_ms)} | "
             f"{_ms2(used.server_workers_ms)} |"
         )
     if any(used.server_workers_ms is not None for _, used in measured):
@@ -161,10 +163,10 @@ def _core_use_lines(report: LimitReport) -> list[str]:
 def _generator_sentence(report: LimitReport, cores: int, rate: float, used: float) -> str:
     most = f"{used:.2f} cores ({used / cores:.0%} of the machine, at {rate:.1f} req/s)"
     if report.spec.url is None:
-        every = "both" if cores == 2 else f"all {cores}"
+        every = {1: "its one core", 2: "both cores"}.get(cores, f"all {cores} cores")
         return (
-            f"X* gives the model {every} cores, but the load generator ran on the same "
-            f"machine as the server and used up to {most}."
+            f"X* gives the model {every}, but the load generator ran on the same machine as "
+            f"the server and used up to {most}."
         )
     return (
         f"The load generator used up to {most}; where the server runs on this machine "

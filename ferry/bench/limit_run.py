@@ -253,12 +253,12 @@ def measure_limit(spec: LimitSpec, work: Path, say: Say) -> LimitReport:
     )
     cost_ms = cost_function(costs)
     with contextlib.ExitStack() as stack:
-        clock = CoreClock()  # a server given by URL: only the host and the load generator
-        url = spec.url
+        url, server_pid = spec.url, None  # a server given by URL: its processes are unknown
         if url is None:
-            url, clock.server_pid = stack.enter_context(
+            url, server_pid = stack.enter_context(
                 _served(spec, spec.model, config, work / "server")
             )
+        clock = CoreClock(server_pid)
         concurrency = 2 * spec.batch_size * spec.workers
         _check(
             _load(

@@ -55,7 +55,9 @@ def test_limit_report_on_the_demo_model(tmp_path: Path) -> None:
         assert point["ideal_p50_ms"] >= limits["floor_ms"] - 1e-6  # nothing beats the floor
         used = point["core_use"]  # the server was started here: its processes are measured
         assert used["cores_busy"] > 0 and used["generator_ms"] > 0
-        assert used["server_main_ms"] > 0 and used["server_workers_ms"] > 0
+        # Its frontend's share may round to no clock tick; its worker's (ms of model work
+        # for each of a second's requests) cannot.
+        assert used["server_main_ms"] >= 0 and used["server_workers_ms"] > 0
     assert set(report["ratios"]) == {
         "low_load_p50_minus_floor_ms",
         "peak_goodput_over_ceiling",

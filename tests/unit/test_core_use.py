@@ -14,41 +14,30 @@ from ferry.bench.limit_run import LimitReport, LimitSpec, RatePoint
 
 
 class FakeMachine:
-    """Readers a test moves forward by hand: the host's ticks, the generator's and each
-    server process's CPU seconds, the server's children."""
+    """Readers a test moves forward by hand: the host's ticks, the generator's CPU seconds,
+    each server process's own and reaped children's CPU seconds, the server's children."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.busy, self.total = 0, 0
         self.generator = 0.0
-        self.cpu: dict[int, float] = {}
+        self.times: dict[int, tuple[float, float]] = {}
         self.kids: list[int] = []
 
     def clock(self, server_pid: int | None = None) -> CoreClock:
         return CoreClock(
             server_pid=server_pid,
-            cores=2,
+            cpus=frozenset({0, 1}),
             clock=lambda: self.now,
-            host=lambda: (self.busy, self.total),
+            host=lambda cpus: (self.busy, self.total),
             own=lambda: self.generator,
-            process=lambda pid: self.cpu[pid],
+            process=self.times.get,
             children=lambda pid: list(self.kids),
         )
 
 
-def test_shares_and_per_request_cpu_of_a_run() -> None:
-    machine = FakeMachine()
-    machine.cpu = {10: 5.0, 11: 100.0, 12: 50.0}
-    machine.kids = [11, 12]
-    clock = machine.clock(server_pid=10)
-    before = clock.snapshot()
-    # 10 s pass: 2 cores give 2000 ticks (at 100 a second), 1500 of them busy.
-    machine.now, machine.busy, machine.total = 10.0, 1500, 2000
-    machine.generator = 1.0  # 0.1 of a core
-    machine.cpu = {10: 7.0, 11: 110.0, 13: 4.0}  # worker 12 ended, 13 replaced it
-    machine.kids = [11, 13]
-    used = clock.between(before, clock.snapshot(), answered=500)
-    figures = (
+def _figures(used: CoreUse) -> tuple[float | None, ...]:
+    return (
         used.cores,
         used.cores_busy,
         used.generator_cores,
@@ -56,9 +45,50 @@ def test_shares_and_per_request_cpu_of_a_run() -> None:
         used.server_main_ms,
         used.server_workers_ms,
     )
+
+
+def test_shares_and_per_request_cpu_of_a_run() -> None:
+    machine = FakeMachine()
+    machine.times.update({10: (5.0, 0.0), 11: (100.0, 0.0), 12: (50.0, 0.0)})
+    machine.kids = [11, 12]
+    clock = machine.clock(server_pid=10)
+    before = clock.snapshot()
+    # 10 s pass: 2 cores give 2000 ticks (at 100 a second), 1500 of them busy.
+    machine.now, machine.busy, machine.total = 10.0, 1500, 2000
+    machine.generator = 1.0  # 0.1 of a core
+    # Worker 12 used 6 s more, ended and was reaped (its 56 s move to the main process's
+    # reaped children); 13 replaced it and used 4 s; 11 used 10 s; the main process 2 s.
+    del machine.times[12]
+    machine.times.update({10: (7.0, 56.0), 11: (110.0, 0.0), 13: (4.0, 0.0)})
+    machine.kids = [11, 13]
+    used = clock.between(before, clock.snapshot(), answered=500)
     # Busy 1.5 cores, the generator 0.1 of one and 2 ms a request, the main process 4 ms,
-    # the workers (10 + 4) s over 500 requests.
-    assert figures == pytest.approx((2, 1.5, 0.1, 2.0, 4.0, 28.0))
+    # the workers (10 + 6 + 4) s over 500 requests.
+    assert _figures(used) == pytest.approx((2, 1.5, 0.1, 2.0, 4.0, 40.0))
+
+
+def test_a_process_gone_while_read_is_left_to_its_parent() -> None:
+    machine = FakeMachine()
+    machine.times.update({10: (1.0, 0.0), 11: (3.0, 0.0)})
+    machine.kids = [11, 12]  # 12 is listed, but ended before it was read
+    clock = machine.clock(server_pid=10)
+    before = clock.snapshot()
+    assert before.server_tree_s == pytest.approx(4.0)
+    machine.times[12] = (2.0, 0.0)  # a new worker, seen at the end only
+    machine.now = 1.0
+    used = clock.between(before, clock.snapshot(), answered=1000)
+    assert used.server_main_ms == pytest.approx(0.0)
+    assert used.server_workers_ms == pytest.approx(2.0)
+
+
+def test_a_server_that_ended_is_not_measured() -> None:
+    machine = FakeMachine()
+    machine.times[10] = (1.0, 0.0)
+    clock = machine.clock(server_pid=10)
+    before = clock.snapshot()
+    del machine.times[10]
+    used = clock.between(before, clock.snapshot(), answered=10)
+    assert used.server_main_ms is None and used.server_workers_ms is None
 
 
 def test_without_a_server_process_only_the_host_and_generator_are_measured() -> None:
@@ -67,13 +97,12 @@ def test_without_a_server_process_only_the_host_and_generator_are_measured() -> 
     before = clock.snapshot()
     assert before == CpuSnapshot(0.0, 0, 0, 0.0)
     machine.now, machine.busy, machine.total, machine.generator = 2.0, 100, 400, 0.5
-    used = clock.between(before, clock.snapshot(), answered=0)
+    used = clock.between(before, clock.snapshot(), answered=5)
     assert used.server_main_ms is None and used.server_workers_ms is None
     assert used.cores_busy == pytest.approx(0.5)
-    assert used.generator_ms == pytest.approx(500.0)  # no answer: per one request
-    # An empty interval (a clock that did not move) divides by nothing.
-    still = clock.between(before, before, answered=10)
-    assert (still.cores_busy, still.generator_cores) == (0.0, 0.0)
+    assert used.generator_ms == pytest.approx(100.0)
+    # Nothing answered: no figure per request; an empty interval divides by nothing.
+    assert clock.between(before, before, answered=0) == CoreUse(2, 0.0, 0.0, None, None, None)
 
 
 def _report(url: str | None, uses: list[CoreUse | None]) -> LimitReport:
@@ -120,3 +149,11 @@ def test_a_server_given_by_url_has_no_server_columns_or_claim_of_sharing() -> No
 
 def test_no_measurement_no_section() -> None:
     assert "Who used" not in markdown(_report(None, [None, None]), "m")
+
+
+def test_one_core_and_nothing_answered() -> None:
+    quiet = CoreUse(1, 0.9, 0.05, None, None, None)
+    text = markdown(_report(None, [quiet, quiet]), "m")
+    assert "## Who used the core (per offered load)" in text
+    assert "X* gives the model its one core" in text
+    assert "| 60.0 | 0.90 | 0.05 | - | - | - |" in text
