@@ -10,12 +10,12 @@ from a server that wastes the cores.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from ferry.config.settings import usable_cpus
 from ferry.procinfo import cpu_jiffies, descendants, process_times
 
 
@@ -23,13 +23,6 @@ def own_cpu_seconds() -> float:
     """This process's user + system CPU seconds, every thread."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def usable_cpus() -> frozenset[int]:
-    """The CPUs this process may run on (its affinity), else every CPU."""
-    if hasattr(os, "sched_getaffinity"):
-        return frozenset(os.sched_getaffinity(0))
-    return frozenset(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)

@@ -229,12 +229,17 @@ class ServerSettings:
         )
 
 
+def usable_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity, e.g. in containers), else every CPU."""
+    try:
+        return frozenset(os.sched_getaffinity(0)) or frozenset({0})
+    except AttributeError:  # not Linux
+        return frozenset(range(max(1, os.cpu_count() or 1)))
+
+
 def available_cores() -> int:
     """Cores this process may run on (respects CPU affinity, e.g. in containers)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return len(usable_cpus())
 
 
 def default_workers_per_model(cores: int, gpus: int) -> int:
