@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from ferry import log_escape
+
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 ACCESS_LOGGER = "ferry.access"
@@ -73,7 +75,8 @@ class AccessLines:
         self._stamp = ""
 
     def write(self, message: str) -> None:
-        """From the event loop's thread only: the cached time stamp is not locked."""
+        """From the event loop's thread only: the cached time stamp is not locked.
+        ``message`` is escaped already (no record, so no record factory escapes it)."""
         now = self._clock()
         second = int(now)
         if second != self._second:  # what Formatter.formatTime does, once a second
@@ -104,8 +107,10 @@ def access_lines() -> AccessLines | None:
 
 def configure_logging(log_format: str, level: str, log_location: Path | None = None) -> None:
     """Send every record to stderr, or, given ``log_location``, to the files of
-    ``LOG_FILES`` in that folder (created if missing; files are appended to)."""
+    ``LOG_FILES`` in that folder (created if missing; files are appended to). Values in
+    records are escaped from now on (``ferry.log_escape``), whichever handlers write them."""
     global _access_lines
+    log_escape.install()
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
     access_handler: logging.Handler
     handlers: list[logging.Handler]

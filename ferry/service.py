@@ -64,6 +64,7 @@ from ferry.snapshots import ServerSnapshot, VersionSnapshot, snapshot_folder, wr
 from ferry.status import ModelStatus, model_status
 from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
 from ferry.store.packages import install_packages, requirements_path
+from ferry.store.pip_sources import PipSources, startup_warning
 from ferry.store.remote import (
     fetch_archive,
     is_remote,
@@ -152,7 +153,10 @@ class FerryService:
         """With ``cpu_pinning``: the cores workers claim, and so split their threads over."""
         self._start_worker = start_worker or _local_worker_factory(self._pinned_cores)
         self.registry = ModelRegistry()
-        self.metrics = FerryMetrics(enabled=settings.enable_metrics_api)
+        self.metrics = FerryMetrics(
+            enabled=settings.enable_metrics_api,
+            max_handler_series=settings.max_handler_metric_series,
+        )
         self._background: set[asyncio.Task[None]] = set()
         self._opening_startup_models = False
         """Start-up archives are being opened, not yet registered: not Healthy yet."""
@@ -165,6 +169,10 @@ class FerryService:
         """Clients' ``x-request-id`` values in flight: the dispatcher keys jobs by id."""
         self.draining = False
         """Stopping: requests are still served, readiness says no (``drain_delay``)."""
+        self._pip_sources = PipSources(settings.pip_index_url, settings.pip_find_links)
+        if settings.install_py_dep_per_model:
+            # allowed_urls guards downloads, not pip: say so where operators look.
+            log.warning("%s", startup_warning(self._pip_sources))
 
     # --- data plane ----------------------------------------------------------------------
 
@@ -350,6 +358,8 @@ class FerryService:
             latency_objective_ms=config.latency_objective_ms,
             client_timeout_ms=config.client_timeout_ms,
             deadline_action=config.deadline_action or "reject",
+            stream_timeout=settings.stream_timeout or None,
+            cancel_grace=settings.cancel_grace,
             torch_threads=self._torch_threads(cores, max(1, workers), sharing_workers),
             gpu_ids=gpu_ids,
             max_workers=config.max_workers or workers,
@@ -568,6 +578,7 @@ class FerryService:
                 archive.model_dir,
                 requirements,
                 Path(self._work_dir.name),
+                sources=self._pip_sources,
             )
         except BaseException:
             archive.free()

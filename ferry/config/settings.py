@@ -111,6 +111,12 @@ class ServerSettings:
     """Requests a model version may hold waiting; beyond it requests get 503 at once."""
     max_request_size: int = 6_553_500
     """Largest request body accepted, in bytes (413 beyond)."""
+    max_tensor_elements: int | None = None
+    """Most elements the tensors of one Open Inference Protocol request (REST or gRPC)
+    may hold together, judged from their shapes before any is decoded (413 beyond, gRPC
+    RESOURCE_EXHAUSTED). Each element becomes a Python object in the handler's lists, so
+    this bounds what a request costs the worker once decoded. Unset: ``max_request_size``,
+    one element per byte of the largest body, which binary BOOL or UINT8 data reaches."""
     max_response_size: int = 6_553_500
     """Largest response body a handler may return, in bytes (500 beyond)."""
     max_header_size: int = 65_536
@@ -124,12 +130,21 @@ class ServerSettings:
     body_read_timeout: float = 60.0
     """Seconds a pending request body may go without a byte arriving (408 beyond)."""
     default_response_timeout: float = 120.0
+    """Seconds a worker may take for one batch before it is killed and replaced."""
     drain_delay: float = 0.0
     """Seconds between a stop signal and the listeners closing. Meanwhile readiness
     (``/ping``, ``/ping/MODEL``, ``/v2/health/ready``) answers 503 ``Draining`` and every
     response closes its connection, while requests are still served: the time a load
     balancer's health checks need to take the replica out before it stops accepting."""
-    """Seconds a worker may take for one batch before it is killed and replaced."""
+    stream_timeout: float = 600.0
+    """Seconds a streamed answer (``send_intermediate_predict_response``) may take in
+    all: each part restarts responseTimeout, so without it a handler that never stops
+    streaming holds its worker forever. Past it the worker is replaced and the stream ends
+    with a 504 error chunk. 0 turns the bound off."""
+    cancel_grace: float = 5.0
+    """Seconds a worker has to stop a batch whose clients all hung up while it streamed
+    (its next part raises ``RequestCancelled`` in the handler); past it the worker is
+    replaced."""
     number_of_gpu: int | None = None
     """Use at most this many GPUs (all visible ones when unset)."""
     default_batch_size: int = 1
@@ -149,6 +164,11 @@ class ServerSettings:
 
     enable_metrics_api: bool = True
     """Collect metrics and serve them on ``metrics_address``."""
+    max_handler_metric_series: int = 2000
+    """Series one handler metric may have (all models together): a value with new
+    dimension values beyond it is dropped, counted in
+    ``ferry_handler_metric_values_dropped_total`` and warned about once per metric, so a
+    handler that puts a request's data in a dimension cannot grow the scrape without end."""
 
     allowed_urls: tuple[str, ...] = ()
     """Regular expressions a remote archive URL must match in full; none by default."""
@@ -160,7 +180,18 @@ class ServerSettings:
     """TorchServe's request envelope for every model (``json``, ``body``, ``kserve``,
     ``kservev2``), applied in the workers around each handler; empty: none."""
     install_py_dep_per_model: bool = False
-    """pip-install each archive's requirements file for its workers (``ferry.store.packages``)."""
+    """pip-install each archive's requirements file for its workers (``ferry.store.packages``).
+    ``allowed_urls`` does not restrict pip: the file can name any index, URL or repository
+    unless ``pip_index_url`` or ``pip_find_links`` is set."""
+    pip_index_url: str | None = None
+    """The only package index pip may use for archives' requirements (``--index-url``). Set
+    (or ``pip_find_links`` set), a requirements file that names its own index, links,
+    trusted host, URL or VCS requirement is refused (400 ``ModelException``) before pip
+    runs (``ferry.store.pip_sources``). Unset: no restriction, as in TorchServe."""
+    pip_find_links: Path | None = None
+    """A folder of wheels and sdists pip may install archives' requirements from
+    (``--find-links``); without ``pip_index_url`` pip then uses no index at all
+    (``--no-index``). Restricts requirements files as ``pip_index_url`` does."""
     disable_token_authorization: bool = False
     """Turn token authorization off (it is on for management, and for inference beyond loopback)."""
     key_file: Path = Path("key_file.json")
@@ -200,6 +231,11 @@ class ServerSettings:
     turns them off."""
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""
+
+    @property
+    def tensor_element_limit(self) -> int:
+        """``max_tensor_elements``, or its default."""
+        return self.max_tensor_elements or self.max_request_size
 
     @property
     def grpc_inference_endpoint(self) -> Address:

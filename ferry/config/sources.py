@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ferry.config.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 from ferry.config.settings import ENVELOPES, Address, ServerSettings
@@ -113,6 +114,17 @@ def _api_key(key: str, text: str) -> str:
     return value
 
 
+def _index_url(key: str, text: str) -> str:
+    """A package index for pip: an http(s):// or file:// URL."""
+    value = text.strip()
+    url = urlsplit(value)
+    if url.scheme not in ("http", "https", "file") or not (url.netloc or url.path):
+        raise ConfigError(f"{key}: expected an http://, https:// or file:// URL, got {text!r}")
+    if any(c.isspace() for c in value):
+        raise ConfigError(f"{key}: a URL has no spaces, got {text!r}")
+    return value
+
+
 def _list(key: str, text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
@@ -197,6 +209,7 @@ OPTIONS = (
     Option("default_workers_per_model", "default_workers_per_model", _integer(0)),
     Option("job_queue_size", "job_queue_size", _integer(1)),
     Option("max_request_size", "max_request_size", _integer(1)),
+    Option("max_tensor_elements", "max_tensor_elements", _integer(1)),
     Option("max_response_size", "max_response_size", _integer(1)),
     Option("max_header_size", "max_header_size", _integer(1024)),
     Option("max_headers", "max_headers", _integer(1)),
@@ -204,13 +217,18 @@ OPTIONS = (
     Option("body_read_timeout", "body_read_timeout", _seconds),
     Option("default_response_timeout", "default_response_timeout", _seconds),
     Option("drain_delay", "drain_delay", _seconds_or_zero),
+    Option("stream_timeout", "stream_timeout", _seconds_or_zero),
+    Option("cancel_grace", "cancel_grace", _seconds),
     Option("default_batch_size", "default_batch_size", _integer(1)),
     Option("default_max_batch_delay", "default_max_batch_delay_ms", _milliseconds),
     Option("number_of_gpu", "number_of_gpu", _integer(0)),
     Option("allowed_urls", "allowed_urls", _list),
     Option("enable_metrics_api", "enable_metrics_api", _boolean),
+    Option("max_handler_metric_series", "max_handler_metric_series", _integer(1)),
     Option("enable_model_api", "enable_model_api", _boolean, switch=True),
     Option("install_py_dep_per_model", "install_py_dep_per_model", _boolean),
+    Option("pip_index_url", "pip_index_url", _index_url),
+    Option("pip_find_links", "pip_find_links", _path),
     Option(
         "disable_token_authorization",
         "disable_token_authorization",

@@ -9,7 +9,9 @@ inference port beside TorchServe's.
     open_inference_codec.py   V2 tensors to and from plain values (no protobuf imported)
     calls.py     a call's metadata as headers, and its hang-up
     errors.py    domain error -> gRPC status code, in one table
-    auth.py      ``authorization: Bearer <key>`` metadata
+    auth.py      ``authorization: Bearer <key>`` metadata, the key each method needs
+    malformed.py request bytes that are no valid message: INVALID_ARGUMENT
+    tls.py       the certificate and key, checked before binding
     listener.py  a ``grpc.aio`` server per API, driven by ``ferry.server``
 
 grpcio is an optional extra (``pip install 'ferry-serve[grpc]'``): nothing here imports it

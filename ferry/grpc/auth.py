@@ -3,15 +3,18 @@ compared in constant time.
 
 The same rule as the HTTP APIs (``ferry.http.auth``): the management key always when keys
 are on, the inference key when the inference API listens beyond loopback, and ``Ping``
-open like ``/ping``. A call without the right key ends as TorchServe ends it: with
-PERMISSION_DENIED, before its handler runs.
+open like ``/ping``. Loading and unloading models are management operations on every
+transport, so the Open Inference Protocol's model repository calls on the inference port
+need the management key (``ferry.grpc.listener`` gives each method its key). A call
+without the right key ends as TorchServe ends it: with PERMISSION_DENIED, before its
+handler runs.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -37,18 +40,23 @@ def bearer_key(metadata: Any) -> str | None:
 
 
 class TokenAuth(aio.ServerInterceptor):
-    """Refuses every call whose bearer key is not ``key``, except ``open_methods`` (full
-    method paths, ``/package.Service/Method``)."""
+    """Refuses every call whose bearer key is not the one its method needs: its entry in
+    ``by_method`` (full method paths, ``/package.Service/Method``), else ``key``; a method
+    whose key is None is open.
 
-    def __init__(self, key: str, open_methods: frozenset[str] = frozenset()) -> None:
-        self._expected = key.encode()
-        self._open = open_methods
+        TokenAuth(keys.inference, {PING: None, LOAD: keys.management})
+    """
+
+    def __init__(self, key: str | None, by_method: Mapping[str, str | None] | None = None) -> None:
+        self._expected = _encoded(key)
+        self._by_method = {method: _encoded(k) for method, k in (by_method or {}).items()}
 
     def allows(self, details: grpc.HandlerCallDetails) -> bool:
-        if details.method in self._open:
+        expected = self._by_method.get(details.method, self._expected)
+        if expected is None:
             return True
         given = bearer_key(details.invocation_metadata)
-        return given is not None and hmac.compare_digest(given.encode(), self._expected)
+        return given is not None and hmac.compare_digest(given.encode(), expected)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -57,6 +65,10 @@ class TokenAuth(aio.ServerInterceptor):
         if handler is None or self.allows(handler_call_details):
             return handler
         return _denial_like(handler)
+
+
+def _encoded(key: str | None) -> bytes | None:
+    return None if key is None else key.encode()
 
 
 async def _deny(request: Any, context: aio.ServicerContext[Any, Any]) -> None:

@@ -5,6 +5,8 @@ An API's server carries the services listed for it: ``INFERENCE_SERVICES`` and
 ``MANAGEMENT_SERVICES``. The inference server carries TorchServe's API and the Open
 Inference Protocol's ``inference.GRPCInferenceService`` (as TorchServe does, on one port,
 behind one auth and TLS); another protocol is one more ``ServiceInstaller`` in the tuple.
+Every server answers a request that is not a valid message INVALID_ARGUMENT
+(``malformed``), and a ``grpcs`` one checks its certificate and key first (``tls``).
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-import grpc
 from grpc import aio
 
 from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
-from ferry.errors import ConfigError
 from ferry.grpc import open_inference, torchserve_inference, torchserve_management
 from ferry.grpc.auth import TokenAuth
+from ferry.grpc.malformed import MalformedRequests
+from ferry.grpc.tls import server_credentials
 from ferry.security import ApiKeys
 
 STOP_GRACE_SECONDS = 10.0
@@ -37,17 +39,6 @@ INFERENCE_SERVICES: tuple[ServiceInstaller, ...] = (
     open_inference.add_to_server,
 )
 MANAGEMENT_SERVICES: tuple[ServiceInstaller, ...] = (torchserve_management.add_to_server,)
-
-
-def _credentials(settings: ServerSettings) -> grpc.ServerCredentials:
-    if settings.certificate_file is None or settings.private_key_file is None:
-        raise ConfigError("enable_grpc_ssl needs certificate_file and private_key_file")
-    try:
-        key = settings.private_key_file.read_bytes()
-        certificate = settings.certificate_file.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"gRPC: cannot load the TLS certificate or key: {error}") from error
-    return grpc.ssl_server_credentials([(key, certificate)])
 
 
 def _probe(address: Address) -> None:
@@ -73,9 +64,14 @@ class GrpcListener:
         interceptors: Sequence[aio.ServerInterceptor] = (),
     ) -> None:
         self.address = address
-        self._credentials = _credentials(settings) if address.scheme == "grpcs" else None
+        self._credentials = None
+        if address.scheme == "grpcs":
+            self._credentials = server_credentials(
+                settings.certificate_file, settings.private_key_file
+            )
         self._server = aio.server(
-            interceptors=interceptors,
+            # Innermost last: the key is checked before the request's bytes are.
+            interceptors=[*interceptors, MalformedRequests()],
             options=[
                 ("grpc.so_reuseport", 0),  # a second server on the same port must fail
                 ("grpc.max_receive_message_length", settings.max_request_size),
@@ -98,7 +94,7 @@ class GrpcListener:
                 port = self._server.add_insecure_port(target)
         except RuntimeError:  # gRPC says only that it failed
             port = 0
-        if port == 0:
+        if port == 0:  # the probe and the TLS pair passed: another process took the port since
             raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
         return Address(self.address.host, port, self.address.scheme).url()
 
@@ -122,11 +118,16 @@ class GrpcListener:
 def inference_listener(
     address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> GrpcListener:
-    """TorchServe's gRPC inference API; the inference key only beyond loopback, and never
-    for ``Ping`` (the HTTP API's rule)."""
+    """TorchServe's gRPC inference API and the Open Inference Protocol's. With keys on,
+    the inference key only beyond loopback, and never for ``Ping`` (the HTTP API's rule);
+    the model repository calls, which load and unload models, the management key wherever
+    the port listens, as registering over the management API does."""
     interceptors = []
-    if keys is not None and not address.is_loopback:
-        interceptors.append(TokenAuth(keys.inference, frozenset({torchserve_inference.PING})))
+    if keys is not None:
+        by_method: dict[str, str | None] = {torchserve_inference.PING: None}
+        by_method.update(dict.fromkeys(open_inference.REPOSITORY_METHODS, keys.management))
+        inference = None if address.is_loopback else keys.inference
+        interceptors.append(TokenAuth(inference, by_method))
     return GrpcListener(address, apis, settings, INFERENCE_SERVICES, interceptors)
 
 

@@ -7,7 +7,9 @@ handler (``v2.InferRequest.handler_document``), so it queues and batches with ev
 protocol's requests; the answer's outputs (``v2.outputs_from_answer``), less those not
 asked for, go back in ``raw_output_contents`` (``open_inference_codec`` says why).
 ``RepositoryModelLoad`` registers the model store's ``NAME.mar`` synchronously, with one
-worker unless its model-config asks for more; load and unload need the model API
+worker unless its model-config asks for more. Load and unload are management operations,
+as registering over REST is: they need the management key whenever keys are on, even on
+loopback (``REPOSITORY_METHODS``, checked by ``ferry.grpc.auth``), and the model API
 (``--enable-model-api``), else PERMISSION_DENIED with REST's words, as TorchServe's gRPC
 ``RegisterModel`` answers. Errors take ``ferry.grpc.errors.ERROR_CODES``' codes.
 
@@ -19,7 +21,6 @@ live in ``open_inference_codec``, which imports no protobuf.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Never
 
@@ -40,6 +41,10 @@ from ferry.service_types import InputPart, TensorSpec
 SERVICE = "inference.GRPCInferenceService"
 EXTENSIONS = ["model_repository"]
 """What ``ServerMetadata`` lists (REST lists ``binary_tensor_data``, a JSON notion)."""
+REPOSITORY_METHODS = frozenset(
+    f"/{SERVICE}/{method}" for method in ("RepositoryModelLoad", "RepositoryModelUnload")
+)
+"""They load and unload models: the management key's calls, on whichever port."""
 
 if TYPE_CHECKING:  # generic only in the stubs
     Context = aio.ServicerContext[Any, Any]
@@ -62,13 +67,16 @@ def input_tensor(tensor: pb.ModelInferRequest.InferInputTensor) -> codec.InputTe
     )
 
 
-def infer_request(request: pb.ModelInferRequest) -> v2.InferRequest:
+def infer_request(
+    request: pb.ModelInferRequest, max_elements: int | None = None
+) -> v2.InferRequest:
     return codec.infer_request(
         request.id,
         parameters(request.parameters),
         [input_tensor(tensor) for tensor in request.inputs],
         list(request.raw_input_contents),
         [output.name for output in request.outputs],
+        max_elements,
     )
 
 
@@ -147,10 +155,10 @@ class OpenInference(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         model, version = request.model_name, request.model_version or None
         self._service.admit(model, version)  # NOT_FOUND / UNAVAILABLE before decoding
-        parsed = infer_request(request)
-        document = json.dumps(parsed.handler_document()).encode()
+        parsed = infer_request(request, self._service.settings.tensor_element_limit)
+        payload, payload_type = parsed.worker_payload()
         headers = {**request_headers(context), "content-type": "application/json"}
-        part = InputPart("body", "application/json", document)
+        part = InputPart("body", payload_type, payload)
         answer = await self._service.predict(model, version, [part], headers, on_hang_up(context))
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
@@ -211,4 +219,11 @@ def add_to_server(server: aio.Server, apis: Apis) -> None:
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-__all__ = ["EXTENSIONS", "SERVICE", "OpenInference", "add_to_server", "infer_request"]
+__all__ = [
+    "EXTENSIONS",
+    "REPOSITORY_METHODS",
+    "SERVICE",
+    "OpenInference",
+    "add_to_server",
+    "infer_request",
+]

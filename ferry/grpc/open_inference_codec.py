@@ -4,8 +4,9 @@ that holds tritonclient's or kserve's ``inference.*`` stubs.
 
 Inputs come in their datatype's typed ``contents`` field (``CONTENTS``) or, for every
 input at once, in ``raw_input_contents`` (little-endian, row-major, as the REST binary
-extension's: ``v2.decode_binary``). They are checked as REST's JSON inputs are, with the
-same words, and BYTES elements become base64 text, as binary BYTES over REST do.
+extension's: ``v2.binary_input``, kept as bytes until the worker unpacks them). They are
+checked as REST's inputs are, with the same words, and BYTES elements become base64 text,
+as binary BYTES over REST do.
 
 Outputs always go back in ``raw_output_contents``, as Triton answers: tritonclient's
 ``InferResult.as_numpy`` reads only that (typed contents only for BYTES), and KServe's
@@ -77,9 +78,11 @@ def infer_request(
     inputs: Sequence[InputTensor],
     raw: Sequence[bytes],
     outputs: Sequence[str],
+    max_elements: int | None = None,
 ) -> v2.InferRequest:
     """A ``ModelInferRequest`` as the V2 request REST would have made of it; raises
-    ``InvalidInput``. An empty ``request_id`` is no id, as proto3 cannot tell them apart.
+    ``InvalidInput``, or ``RequestTooLarge`` beyond ``max_elements`` elements in all. An
+    empty ``request_id`` is no id, as proto3 cannot tell them apart.
 
     >>> x = InputTensor("x", "FP32", [2], {}, {"fp32_contents": [1.0, 2.5]})
     >>> infer_request("r1", {}, [x], [], []).handler_document()["inputs"][0]["data"]
@@ -93,20 +96,19 @@ def infer_request(
     tensors = [
         _input(index, tensor, raw[index] if raw else None) for index, tensor in enumerate(inputs)
     ]
-    return v2.infer_request(request_id or None, parameters, tensors, list(outputs))
+    return v2.infer_request(request_id or None, parameters, tensors, list(outputs), max_elements)
 
 
 def _input(index: int, tensor: InputTensor, raw: bytes | None) -> v2.Tensor:
     name, datatype, shape = v2.input_header(index, tensor.name, tensor.datatype, tensor.shape)
     if raw is None:
         data = _typed_elements(name, datatype, tensor.contents)
-    elif tensor.contents:
+        return v2.decoded_input(name, datatype, shape, data, tensor.parameters)
+    if tensor.contents:
         raise InvalidInput(
             f"input {name!r}: its elements are in both contents and raw_input_contents"
         )
-    else:
-        data = v2.decode_binary(raw, datatype, name)
-    return v2.decoded_input(name, datatype, shape, data, tensor.parameters)
+    return v2.binary_input(name, datatype, shape, raw, tensor.parameters)
 
 
 def _typed_elements(name: str, datatype: str, contents: dict[str, list[Any]]) -> list[Any]:

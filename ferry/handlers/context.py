@@ -8,6 +8,7 @@ from typing import Any
 
 from ferry import __version__
 from ferry.config.image_limits import ImageLimits
+from ferry.handlers.exceptions import RequestCancelled
 from ferry.handlers.metrics import HandlerMetrics
 
 
@@ -56,6 +57,10 @@ class IntermediateResponse:
     message: str
 
 
+def _never(request_id: str) -> bool:
+    return False
+
+
 PartialSender = Callable[[IntermediateResponse], None]
 """Where a worker sends a handler's streamed parts (see ``Context.send_intermediate``)."""
 
@@ -97,15 +102,31 @@ class Context:
         self.intermediate_responses: list[IntermediateResponse] = []
         """Parts streamed while no worker listens (a handler's unit test reads them here)."""
         self._partial_sender: PartialSender | None = None
+        self._cancelled: Callable[[str], bool] = _never
 
-    def stream_to(self, sender: PartialSender | None) -> None:
-        """Send streamed parts to ``sender`` (the worker's connection) from now on."""
+    def stream_to(
+        self, sender: PartialSender | None, cancelled: Callable[[str], bool] | None = None
+    ) -> None:
+        """Send streamed parts to ``sender`` (the worker's connection) from now on;
+        ``cancelled`` tells which of the batch's requests lost their client."""
         self._partial_sender = sender
+        self._cancelled = cancelled or _never
+
+    def is_cancelled(self, request_id: str) -> bool:
+        """Whether the client of ``request_id`` (of the current batch) went away while
+        its answer streamed: a handler may stop working for it."""
+        return self._cancelled(request_id)
 
     def send_intermediate(self, part: IntermediateResponse) -> None:
-        """Stream one part of a request's answer ahead of the final one."""
+        """Stream one part of a request's answer ahead of the final one. A part for a
+        request whose client went away is dropped; once every request of the batch has
+        lost its client, ``RequestCancelled`` stops the handler."""
         if part.request_id not in self.request_ids.values():
             raise ValueError(f"request {part.request_id!r} is not in the current batch")
+        if self._cancelled(part.request_id):
+            if all(self._cancelled(rid) for rid in self.request_ids.values()):
+                raise RequestCancelled("every client of this batch went away")
+            return
         if self._partial_sender is None:
             self.intermediate_responses.append(part)
         else:

@@ -21,4 +21,13 @@ class PredictionException(Exception):
         return type(self), (self.message, self.error_code)
 
 
-__all__ = ["InvalidInput", "PredictionException"]
+class RequestCancelled(Exception):
+    """Raised by ``send_intermediate_predict_response`` (``context.send_intermediate``)
+    once every request of the batch has lost its client: nobody reads the stream any more,
+    so the handler stops. A handler may catch it to clean up; the worker answers nobody.
+    Parts for a request whose client alone went away are dropped without it (its
+    batch-mates still stream); ``context.is_cancelled(request_id)`` tells a handler that
+    checks for itself."""
+
+
+__all__ = ["InvalidInput", "PredictionException", "RequestCancelled"]

@@ -21,6 +21,7 @@ from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.http.streaming import prediction_response
 from ferry.http.workflows import workflow_inference_routes
+from ferry.log_escape import escape_control
 from ferry.logs import access_lines
 from ferry.service import FerryService
 from ferry.service_types import Prediction
@@ -53,7 +54,10 @@ def log_access(
         "queue_ms": round(answer.queued_seconds * 1000, 3) if answer else None,
         "batch_size": answer.batch_size if answer else None,
     }
-    text = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+    # Path, model and version are the client's: a newline in them would forge a line.
+    text = escape_control(
+        " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+    )
     lines = access_lines()
     if lines is not None:
         lines.write(text)  # the line the record would make, without logging's machinery

@@ -21,7 +21,7 @@ from ferry.errors import FerryError, InvalidInput
 from ferry.http.errors import StatusRecorder, lookup
 from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
-from ferry.protocols import v2
+from ferry.protocols import untrusted_json, v2
 from ferry.service import FerryService
 from ferry.service_types import InputPart, Prediction, TensorSpec
 
@@ -61,11 +61,11 @@ def _spec(tensor: TensorSpec) -> dict[str, Any]:
 
 
 def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> list[Route]:
-    async def predict(request: Request, model: str, body: bytes) -> Prediction:
+    async def predict(request: Request, model: str, body: bytes, body_type: str) -> Prediction:
         version = service.admit(model, _version(request)).version
         headers = {k.lower(): v for k, v in request.headers.items()}
-        headers["content-type"] = "application/json"
-        part = InputPart("body", "application/json", body)
+        headers["content-type"] = "application/json"  # what the handler's document is
+        part = InputPart("body", body_type, body)
         return await service.predict(model, version, [part], headers, on_hang_up(request.scope))
 
     # --- Open Inference Protocol V2 ------------------------------------------------------
@@ -105,9 +105,10 @@ def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> 
         model = request.path_params["model"]
         service.admit(model, _version(request))  # 404 / 503 before reading the body
         body = await read_limited(request, limit, "max_request_size")
-        parsed = v2.parse_request(body, request.headers.get(v2.BINARY_HEADER))
-        document = json.dumps(parsed.handler_document()).encode()
-        answer = await predict(request, model, document)
+        parsed = v2.parse_request(
+            body, request.headers.get(v2.BINARY_HEADER), service.settings.tensor_element_limit
+        )
+        answer = await predict(request, model, *parsed.worker_payload())
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
         except ValueError as exc:
@@ -184,7 +185,7 @@ def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> 
 
 def _check_instances(body: bytes) -> None:
     try:
-        document = json.loads(body)
+        document = untrusted_json.loads(body)
     except ValueError as exc:
         raise InvalidInput(f"Unrecognized request format: {exc}") from exc
     if not isinstance(document, dict) or not isinstance(document.get("instances"), list):
@@ -195,7 +196,7 @@ def _v1_answer(answer: Prediction, key: str) -> bytes:
     """The handler's answer as KServe V1: a document that is already one (the ``kserve``
     envelope's) as it is, anything else under ``predictions`` / ``explanations``."""
     try:
-        value = json.loads(answer.body)
+        value = untrusted_json.loads(answer.body)
     except ValueError:
         value = answer.body.decode(errors="replace")
     if isinstance(value, dict) and ("predictions" in value or "explanations" in value):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -10,6 +9,7 @@ from starlette.requests import Request
 
 from ferry.errors import InvalidRequest
 from ferry.http.request_body import read_limited
+from ferry.protocols import untrusted_json
 
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
@@ -28,7 +28,7 @@ class Params:
         body = await read_limited(request, max_body, "the management API's body limit")
         if body.strip():
             try:
-                document = json.loads(body)
+                document = untrusted_json.loads(body)
             except ValueError as exc:
                 raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
             if not isinstance(document, dict):

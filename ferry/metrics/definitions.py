@@ -45,8 +45,15 @@ def _handler_labels(dimensions: Sequence[str]) -> tuple[str, ...]:
 
 
 class FerryMetrics:
-    def __init__(self, *, enabled: bool = True, hostname: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        hostname: str | None = None,
+        max_handler_series: int = 2000,  # ServerSettings.max_handler_metric_series
+    ) -> None:
         self.enabled = enabled
+        self.max_handler_series = max_handler_series
         self.hostname = hostname or socket.gethostname()
         ts = (*MODEL, "hostname")
         self.requests_total = Family(
@@ -153,9 +160,18 @@ class FerryMetrics:
         self.gpu_utilization = Family(
             "ferry_gpu_utilization_percent", "GPU utilisation (NVML).", "gauge", ("gpu",)
         )
+        self.handler_values_dropped = Family(
+            "ferry_handler_metric_values_dropped_total",
+            "Handler metric values dropped: series_limit, their metric had "
+            "max_handler_metric_series series already; dimensions, other dimension "
+            "names than the metric's first values.",
+            "counter",
+            (*MODEL, "reason"),
+        )
         self.torchserve = self._torchserve_families()
         self.handler_metrics: dict[str, Family] = {}
         self._refused: set[str] = set()
+        self._full: set[str] = set()  # handler metrics warned about at max_handler_series
         self._cpu_before = (0, 0)
 
     @staticmethod
@@ -216,6 +232,7 @@ class FerryMetrics:
             self.process_memory,
             self.gpu_memory,
             self.gpu_utilization,
+            self.handler_values_dropped,
             *self.torchserve.values(),
         ]
 
@@ -251,6 +268,24 @@ class FerryMetrics:
                 )
             return None
         return family
+
+    def handler_series(self, family: Family, values: tuple[str, ...]) -> Child | None:
+        """The series of a handler's metric for ``values`` (the model's labels first); None,
+        counted and warned about once per metric, for a new one beyond max_handler_series.
+
+        The cap is per metric: one flooded metric loses only its own new series."""
+        if values in family.children or len(family.children) < self.max_handler_series:
+            return family.labels(*values)
+        self.handler_values_dropped.counter(*values[: len(MODEL)], "series_limit").inc()
+        if family.name not in self._full:
+            self._full.add(family.name)
+            log.warning(
+                "handler metric %s: %d series (max_handler_metric_series); values with "
+                "new dimension values are dropped (ferry_handler_metric_values_dropped_total)",
+                family.name,
+                len(family.children),
+            )
+        return None
 
     def _reserved_names(self) -> set[str]:
         names = set()
@@ -443,8 +478,11 @@ class ModelMetrics:
         if child is None:
             family = self.metrics.handler_family(name, kind, dims)
             if family is None:
+                self.metrics.handler_values_dropped.counter(*self.labels, "dimensions").inc()
                 return
-            child = family.labels(*self.labels, unit, *key[3])
+            child = self.metrics.handler_series(family, (*self.labels, unit, *key[3]))
+            if child is None:
+                return
             self._handler_children[key] = child
         if kind == "counter":
             child.value += value  # type: ignore[union-attr]

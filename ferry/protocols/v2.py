@@ -16,33 +16,17 @@ from __future__ import annotations
 import base64
 import json
 import math
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.errors import InvalidInput
+from ferry.errors import InvalidInput, RequestTooLarge
+from ferry.protocols import tensor_bytes, untrusted_json
 
 BINARY_HEADER = "inference-header-content-length"
 """The binary tensor data extension's header: the length of the JSON part of a body."""
 
-# datatype -> (struct code for one element, bytes per element); BYTES is length-prefixed.
-_FIXED: dict[str, tuple[str, int]] = {
-    "BOOL": ("?", 1),
-    "UINT8": ("B", 1),
-    "UINT16": ("H", 2),
-    "UINT32": ("I", 4),
-    "UINT64": ("Q", 8),
-    "INT8": ("b", 1),
-    "INT16": ("h", 2),
-    "INT32": ("i", 4),
-    "INT64": ("q", 8),
-    "FP16": ("e", 2),
-    "FP32": ("f", 4),
-    "FP64": ("d", 8),
-    "BF16": ("", 2),
-}
-DATATYPES = (*_FIXED, "BYTES")
+DATATYPES = (*tensor_bytes.FIXED_TYPES, "BYTES")
 _INT_RANGES = {
     "UINT8": (0, 2**8 - 1),
     "UINT16": (0, 2**16 - 1),
@@ -61,19 +45,24 @@ class Tensor:
     datatype: str
     shape: list[int]
     data: list[Any]
-    """Row-major, flat: numbers, bools, or strings for BYTES."""
+    """Row-major, flat: numbers, bools, or strings for BYTES (empty when ``raw``)."""
     parameters: dict[str, Any] = field(default_factory=dict)
+    raw: bytes | memoryview | None = None
+    """The elements as the client sent them in binary, checked but not unpacked."""
 
-    def document(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "name": self.name,
-            "shape": self.shape,
-            "datatype": self.datatype,
-            "data": self.data,
-        }
+    def document(self, *, with_data: bool = True) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "shape": self.shape, "datatype": self.datatype}
+        if with_data:
+            entry["data"] = self.elements()
         if self.parameters:
             entry["parameters"] = self.parameters
         return entry
+
+    def elements(self) -> list[Any]:
+        """The flat elements, unpacked from ``raw`` if they came in binary."""
+        if self.raw is None:
+            return self.data
+        return tensor_bytes.to_list(self.raw, self.datatype, self.name)
 
 
 @dataclass(frozen=True)
@@ -91,23 +80,39 @@ class InferRequest:
     binary_outputs: bool
     """``parameters.binary_data_output``: every output in binary unless it says otherwise."""
 
-    def handler_document(self) -> dict[str, Any]:
-        """What the handler receives (as JSON), binary inputs decoded."""
-        document: dict[str, Any] = {"inputs": [tensor.document() for tensor in self.inputs]}
+    def handler_document(self, *, binary_data: bool = True) -> dict[str, Any]:
+        """What the handler receives (as JSON): binary inputs unpacked, or, without
+        ``binary_data``, without their ``data``."""
+        document: dict[str, Any] = {
+            "inputs": [
+                tensor.document(with_data=binary_data or tensor.raw is None)
+                for tensor in self.inputs
+            ]
+        }
         if self.id is not None:
             document["id"] = self.id
         if self.parameters:
             document["parameters"] = self.parameters
         return document
 
+    def worker_payload(self) -> tuple[bytes, str]:
+        """The request for the worker, and its content type: binary inputs travel as
+        the bytes they came in and are unpacked there (``ferry.protocols.tensor_bytes``)."""
+        binary = {i: t.raw for i, t in enumerate(self.inputs) if t.raw is not None}
+        return tensor_bytes.pack_request(self.handler_document(binary_data=False), binary)
+
 
 # --- requests ----------------------------------------------------------------------------
 
 
-def parse_request(body: bytes, header_length: str | None) -> InferRequest:
+def parse_request(
+    body: bytes, header_length: str | None, max_elements: int | None = None
+) -> InferRequest:
     """A V2 infer request: JSON, or JSON then binary tensor data when ``header_length``
-    (the ``Inference-Header-Content-Length`` header) is given. Raises ``InvalidInput``."""
-    json_part, binary = body, b""
+    (the ``Inference-Header-Content-Length`` header) is given. Raises ``InvalidInput``,
+    or ``RequestTooLarge`` when its inputs declare more than ``max_elements`` elements
+    together (checked before any is decoded)."""
+    json_part, binary = body, memoryview(body)[len(body) :]
     if header_length is not None:
         try:
             length = int(header_length)
@@ -116,23 +121,41 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
             raise InvalidInput(message) from None
         if not 0 <= length <= len(body):
             raise InvalidInput(f"{BINARY_HEADER} {length} exceeds the body's {len(body)} bytes")
-        json_part, binary = body[:length], body[length:]
+        json_part, binary = body[:length], memoryview(body)[length:]
     try:
-        document = json.loads(json_part)
+        document = untrusted_json.loads(json_part)
     except ValueError as exc:
         raise InvalidInput(f"the request is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise InvalidInput("the request must be a JSON object with 'inputs'")
-    return _request(document, binary)
+    return _request(document, binary, ElementBudget(max_elements))
 
 
-def _request(document: dict[str, Any], binary: bytes) -> InferRequest:
+class ElementBudget:
+    """What a request's tensors may hold together: each input's declared shape is
+    charged before its elements are looked at, so an oversized request costs nothing to
+    refuse."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.spent = 0
+
+    def charge(self, shape: list[int], name: str) -> None:
+        self.spent += math.prod(shape)
+        if self.limit is not None and self.spent > self.limit:
+            raise RequestTooLarge(
+                f"input {name!r}: the request's tensors hold more than {self.limit} "
+                "elements (max_tensor_elements)"
+            )
+
+
+def _request(document: dict[str, Any], binary: memoryview, budget: ElementBudget) -> InferRequest:
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     parameters = _parameters(document.get("parameters"), "parameters")
     chunks = _BinaryChunks(binary)
-    tensors = [_input(entry, index, chunks) for index, entry in enumerate(inputs)]
+    tensors = [_input(entry, index, chunks, budget) for index, entry in enumerate(inputs)]
     chunks.finish()
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -149,11 +172,11 @@ def _request(document: dict[str, Any], binary: bytes) -> InferRequest:
 class _BinaryChunks:
     """The binary part of a request, handed out to the inputs that declare a size."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: memoryview) -> None:
         self.data = data
         self.offset = 0
 
-    def take(self, size: int, name: str) -> bytes:
+    def take(self, size: int, name: str) -> memoryview:
         if self.offset + size > len(self.data):
             raise InvalidInput(
                 f"input {name!r}: binary_data_size {size} runs past the end of the body"
@@ -191,24 +214,43 @@ def _requested_outputs(value: Any) -> list[RequestedOutput]:
     return requested
 
 
-def _input(entry: Any, index: int, chunks: _BinaryChunks) -> Tensor:
+def _input(entry: Any, index: int, chunks: _BinaryChunks, budget: ElementBudget) -> Tensor:
     if not isinstance(entry, dict):
         raise InvalidInput(f"inputs[{index}] must be an object")
     name, datatype, shape = input_header(
         index, entry.get("name"), entry.get("datatype"), entry.get("shape")
     )
+    budget.charge(shape, name)
     parameters = _parameters(entry.get("parameters"), f"input {name!r} parameters")
     size = parameters.pop("binary_data_size", None)
     if size is not None:
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidInput(f"input {name!r}: binary_data_size must be a whole number")
-        data = decode_binary(chunks.take(size, name), datatype, name)
-    elif "data" in entry:
-        data = list(_flatten(entry["data"]))
-    else:
+        return binary_input(name, datatype, shape, chunks.take(size, name), parameters)
+    if "data" not in entry:
         raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
+    data = list(_flatten(entry["data"]))
     _check_elements(data, datatype, shape, name)
     return Tensor(name, datatype, shape, data, parameters)
+
+
+def binary_input(
+    name: str,
+    datatype: str,
+    shape: list[int],
+    raw: bytes | memoryview,
+    parameters: dict[str, Any] | None = None,
+) -> Tensor:
+    """An input whose elements came as little-endian bytes (REST's binary extension,
+    gRPC's ``raw_input_contents``), after ``input_header``: checked to hold the elements
+    its shape declares, and kept as bytes."""
+    count = tensor_bytes.element_count(raw, datatype, name)
+    expected = math.prod(shape)
+    if count != expected:
+        raise InvalidInput(
+            f"input {name!r}: shape {shape} holds {expected} elements, the data has {count}"
+        )
+    return Tensor(name, datatype, shape, [], dict(parameters or {}), raw=raw)
 
 
 def input_header(index: int, name: Any, datatype: Any, shape: Any) -> tuple[str, str, list[int]]:
@@ -243,11 +285,16 @@ def infer_request(
     parameters: dict[str, Any],
     inputs: list[Tensor],
     outputs: list[str],
+    max_elements: int | None = None,
 ) -> InferRequest:
-    """A request from decoded inputs (``decoded_input``) and the names of the outputs
-    asked for (none: all); no output in binary, a JSON notion."""
+    """A request from decoded inputs (``decoded_input``, ``binary_input``) and the names
+    of the outputs asked for (none: all); no output in binary, a JSON notion.
+    ``RequestTooLarge`` beyond ``max_elements`` elements in all."""
     if not inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    budget = ElementBudget(max_elements)
+    for tensor in inputs:
+        budget.charge(tensor.shape, tensor.name)
     requested = [RequestedOutput(name, binary=False) for name in outputs]
     return InferRequest(request_id, dict(parameters), inputs, requested, binary_outputs=False)
 
@@ -291,44 +338,10 @@ def _validator(datatype: str) -> Any:
     return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def decode_binary(raw: bytes, datatype: str, name: str) -> list[Any]:
-    """Little-endian, row-major tensor bytes as a flat list. BYTES elements (a 4-byte
-    length, then the bytes) become base64 text, as KServe's wrapper handed them to
-    TorchServe: JSON cannot carry raw bytes."""
-    if datatype == "BYTES":
-        return [base64.b64encode(item).decode() for item in _length_prefixed(raw, name)]
-    code, width = _FIXED[datatype]
-    if len(raw) % width:
-        raise InvalidInput(f"input {name!r}: {len(raw)} bytes is not a whole number of {datatype}")
-    count = len(raw) // width
-    if datatype == "BF16":  # the top half of a float32
-        halves = struct.unpack(f"<{count}H", raw)
-        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
-    return list(struct.unpack(f"<{count}{code}", raw))
-
-
-def _length_prefixed(raw: bytes, name: str) -> Iterator[bytes]:
-    offset = 0
-    while offset < len(raw):
-        if offset + 4 > len(raw):
-            raise InvalidInput(f"input {name!r}: a BYTES element's length is cut off")
-        (length,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        if offset + length > len(raw):
-            raise InvalidInput(f"input {name!r}: a BYTES element runs past its data")
-        yield raw[offset : offset + length]
-        offset += length
-
-
 def encode_binary(tensor: Tensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        items = [v.encode() if isinstance(v, str) else bytes(v) for v in tensor.data]
-        return b"".join(struct.pack("<I", len(item)) + item for item in items)
-    code, _ = _FIXED[tensor.datatype]
-    if tensor.datatype == "BF16":
-        words = [struct.unpack("<I", struct.pack("<f", v))[0] >> 16 for v in tensor.data]
-        return struct.pack(f"<{len(words)}H", *words)
-    return struct.pack(f"<{len(tensor.data)}{code}", *tensor.data)
+    if tensor.raw is not None:
+        return bytes(tensor.raw)
+    return tensor_bytes.encode(tensor.data, tensor.datatype)
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -342,7 +355,7 @@ def outputs_from_answer(body: bytes, content_type: str) -> tuple[list[Tensor], s
     datatype follow the value; non-JSON bytes are one BYTES element."""
     if content_type.startswith("application/json"):
         try:
-            value = json.loads(body)
+            value = untrusted_json.loads(body)
         except ValueError:
             value = None
         else:

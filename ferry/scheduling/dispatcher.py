@@ -136,6 +136,14 @@ class Exchange:
     deadline: float
     started_at: float
     """When the worker could start on it (TorchServe's WorkerThreadTime counts from here)."""
+    cancelled: list[Job] = field(default_factory=list)
+    """Its requests whose client went away while the worker streamed to them, told to it."""
+    abandoned_at: float | None = None
+    """When the last of its requests lost its client: the worker has ``cancel_grace``
+    from then to stop."""
+
+    def abandoned(self) -> bool:
+        return self.abandoned_at is not None
 
 
 @dataclass
@@ -176,8 +184,14 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         *,
         delay_late: bool = False,
+        stream_timeout: float | None = None,
+        cancel_grace: float = 5.0,
     ) -> None:
         self.name = name
+        self.stream_timeout = stream_timeout
+        """Seconds a batch may stream in all, however often it sends parts."""
+        self.cancel_grace = cancel_grace
+        """Seconds a worker has to stop a batch whose clients all went away."""
         self.delay_late = delay_late
         """``deadlineAction: delay``: a request whose batch would miss its deadline goes
         back to the queue, last in line, instead of being answered ``DeadlineExceeded``."""
@@ -208,16 +222,16 @@ class Dispatcher:
                 job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
             raise
         except TimeoutError:
+            reason = self._overdue(lane.pending[0]) if lane.pending else "timed out"
             started, waiting = lane.started_and_waiting()
             log.error(
-                "%s worker pid %s exceeded responseTimeout %gs holding %d requests; killing it",
+                "%s worker pid %s %s holding %d requests; killing it",
                 self.name,
                 worker.info.pid,
-                self.response_timeout,
+                reason,
                 len(started),
             )
-            message = f"model {self.name} did not answer within {self.response_timeout:g}s"
-            error: FerryError = ResponseTimeout(message)
+            error: FerryError = ResponseTimeout(f"model {self.name} {reason}")
         except WorkerGone:
             started, waiting = lane.started_and_waiting()
             log.error(
@@ -409,16 +423,56 @@ class Dispatcher:
                 )
             if isinstance(message, BatchResult):
                 return message
-            self._pass_on(exchange, message)
-            # As TorchServe: each part restarts responseTimeout, so a stream that keeps
-            # sending may run as long as it needs; a silent one is still cut off.
-            exchange.deadline = self._clock() + self.response_timeout
+            self._pass_on(worker, exchange, message)
+            exchange.deadline = self._after_part(exchange)
+            if self._clock() >= exchange.deadline:
+                raise TimeoutError  # a stream that never pauses is cut off all the same
 
-    def _pass_on(self, exchange: Exchange, part: PartialResult) -> None:
+    def _after_part(self, exchange: Exchange) -> float:
+        """When the batch must end, now that it streamed a part. As TorchServe, each part
+        restarts responseTimeout (a silent stream is still cut off), within
+        ``stream_timeout`` in all; a batch nobody reads keeps its grace's end."""
+        if exchange.abandoned():
+            return exchange.deadline
+        deadline = self._clock() + self.response_timeout
+        if self.stream_timeout is not None:
+            deadline = min(deadline, exchange.started_at + self.stream_timeout)
+        return deadline
+
+    def _overdue(self, exchange: Exchange) -> str:
+        """Why ``exchange`` ran out of time, in words for the log and the error."""
+        if exchange.abandoned():
+            return f"did not stop within {self.cancel_grace:g}s after its clients went away"
+        stream_limit = self.stream_timeout
+        if stream_limit is not None and self._clock() >= exchange.started_at + stream_limit:
+            return f"streamed for longer than stream_timeout {stream_limit:g}s"
+        return f"did not answer within {self.response_timeout:g}s"
+
+    def _pass_on(self, worker: WorkerHandle, exchange: Exchange, part: PartialResult) -> None:
         job = next((j for j in exchange.jobs if j.item.request_id == part.request_id), None)
         if job is None:
             raise ProtocolError(f"worker streamed a part for unknown request {part.request_id}")
-        job.stream(StreamedPart(part.body, part.content_type, part.status))
+        if job.future.done():  # its client went away, or fell too far behind the stream
+            self._cancel(worker, exchange, job)
+        else:
+            job.stream(StreamedPart(part.body, part.content_type, part.status))
+
+    def _cancel(self, worker: WorkerHandle, exchange: Exchange, job: Job) -> None:
+        """Tell the worker (once) to stop streaming to ``job``; when no request of the
+        batch is left to answer, it has ``cancel_grace`` to stop, or it is replaced."""
+        if any(job is cancelled for cancelled in exchange.cancelled):
+            return
+        exchange.cancelled.append(job)
+        worker.cancel(exchange.batch.batch_id, [job.item.request_id])
+        if exchange.abandoned_at is None and all(j.future.done() for j in exchange.jobs):
+            exchange.abandoned_at = self._clock()
+            exchange.deadline = min(exchange.deadline, exchange.abandoned_at + self.cancel_grace)
+            log.info(
+                "%s worker pid %s: every client of batch %d went away; cancelling it",
+                self.name,
+                worker.info.pid,
+                exchange.batch.batch_id,
+            )
 
     def _remaining(self, exchange: Exchange) -> float:
         return max(0.0, exchange.deadline - self._clock())

@@ -44,6 +44,10 @@ class RunnerSettings:
     deadline_action: str = "reject"
     """``deadlineAction``: what happens to a request that misses its deadline while
     queued: ``reject`` (answered ``DeadlineExceeded``) or ``delay`` (kept, last in line)."""
+    stream_timeout: float | None = None
+    """Seconds a streamed answer may take in all (``stream_timeout``)."""
+    cancel_grace: float = 5.0
+    """Seconds a worker has to stop a stream nobody reads any more (``cancel_grace``)."""
 
 
 class _RunnerEvents(PoolEvents):
@@ -100,6 +104,8 @@ class ModelRunner:
             self.metrics,
             settings.response_timeout,
             delay_late=settings.deadline_action == "delay",
+            stream_timeout=settings.stream_timeout,
+            cancel_grace=settings.cancel_grace,
         )
         self.pool = WorkerPool(
             f"{name} v{version}",

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.config.model_config import ModelConfig, load_model_config
 from ferry.errors import ArchiveError, ArchiveNotFound, ModelConfigError
-from ferry.store.extract import extract_tar, extract_zip
+from ferry.store.extract import Extractor, extract_tar, extract_zip, unpacked
 from ferry.store.manifest import MANIFEST_PATH, Manifest
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -58,14 +57,16 @@ def _within(store: Path, relative: str) -> Path:
     return path
 
 
-def _extract(source: Path, dest: Path, max_size: int | None) -> Path:
-    """Unpack ``source`` into ``dest``; the folder holding its manifest."""
+def _extractor(source: Path) -> Extractor:
     if source.suffix in (".mar", ".zip"):
-        extract_zip(source, dest, max_size)
-    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
-        extract_tar(source, dest, max_size)
-    else:
-        raise ArchiveError(f"{source.name}: expected a .mar, .tar.gz or a folder")
+        return extract_zip
+    if source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        return extract_tar
+    raise ArchiveError(f"{source.name}: expected a .mar, .tar.gz or a folder")
+
+
+def _manifest_folder(dest: Path) -> Path:
+    """The folder of the unpacked ``dest`` that holds the manifest."""
     if not (dest / MANIFEST_PATH).exists():
         # torch-model-archiver's tgz format wraps everything in one top-level folder.
         children = [child for child in dest.iterdir() if child.is_dir()]
@@ -97,13 +98,8 @@ def open_model(
         raise ArchiveNotFound(f"{relative!r} not found in the model store")
     if source.is_dir():
         return _read_model(source, relative, name, unpacked=None)
-    dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))
-    try:
-        model_dir = _extract(source, dest, max_unpacked_size)
-        return _read_model(model_dir, relative, name, unpacked=dest)
-    except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
+    with unpacked(source, work_dir, _extractor(source), max_unpacked_size) as dest:
+        return _read_model(_manifest_folder(dest), relative, name, unpacked=dest)
 
 
 def _read_model(

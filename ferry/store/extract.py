@@ -3,14 +3,20 @@ nor more than ``max_size`` bytes (archive bombs).
 
 The size is checked twice: the sizes the archive declares, before anything is written, and
 the bytes actually written, as they are written, so an archive that lies about its sizes
-stops at the limit too. The caller removes the partial folder (``ferry.store.archive``).
+stops at the limit too. ``unpacked`` is the one way the server unpacks an archive of any
+kind (.mar, .tar.gz, .war): a new folder, these checks, and the partial folder removed on
+failure. The limit is a required argument of each function here, so no caller can leave
+it out by accident (None, no limit, is for trusted local files only).
 """
 
 from __future__ import annotations
 
+import shutil
 import tarfile
+import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -63,8 +69,8 @@ class _Budget:
                 out.write(chunk)
 
 
-def extract_zip(archive: Path, dest: Path, max_size: int | None = None) -> None:
-    """Unpack a zip (a .mar) into ``dest``; at most ``max_size`` bytes when given."""
+def extract_zip(archive: Path, dest: Path, max_size: int | None) -> None:
+    """Unpack a zip (a .mar, a .war) into ``dest``; at most ``max_size`` bytes unless None."""
     budget = _Budget(archive, max_size)
     try:
         with zipfile.ZipFile(archive) as zf:
@@ -81,8 +87,8 @@ def extract_zip(archive: Path, dest: Path, max_size: int | None = None) -> None:
         raise ArchiveError(f"{archive.name}: not a valid zip archive") from exc
 
 
-def extract_tar(archive: Path, dest: Path, max_size: int | None = None) -> None:
-    """Unpack a tar (.tar.gz, .tgz) into ``dest``; at most ``max_size`` bytes when given."""
+def extract_tar(archive: Path, dest: Path, max_size: int | None) -> None:
+    """Unpack a tar (.tar.gz, .tgz) into ``dest``; at most ``max_size`` bytes unless None."""
     budget = _Budget(archive, max_size)
     try:
         with tarfile.open(archive, "r:*") as tf:
@@ -103,3 +109,28 @@ def extract_tar(archive: Path, dest: Path, max_size: int | None = None) -> None:
                     raise ArchiveError(f"{archive.name}: unsupported entry type: {member.name!r}")
     except tarfile.TarError as exc:
         raise ArchiveError(f"{archive.name}: not a valid tar archive") from exc
+
+
+Extractor = Callable[[Path, Path, int | None], None]
+"""``extract_zip`` or ``extract_tar``."""
+
+
+@contextmanager
+def unpacked(
+    archive: Path, work_dir: Path, extract: Extractor, max_size: int | None
+) -> Iterator[Path]:
+    """A new folder of ``work_dir`` holding ``archive`` as ``extract`` unpacks it, within
+    ``max_size`` bytes (``max_unpacked_size``; None only for a trusted local file). If
+    unpacking or the ``with`` block raises, the folder is removed again, so a refused
+    archive leaves nothing behind; otherwise it is the caller's to remove.
+
+        >>> with unpacked(store / "wf.war", work_dir, extract_zip, 10_000_000) as folder:
+        ...     manifest = read_manifest(folder)
+    """
+    dest = Path(tempfile.mkdtemp(prefix=f"{archive.stem}-", dir=work_dir))
+    try:
+        extract(archive, dest, max_size)
+        yield dest
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise

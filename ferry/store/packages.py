@@ -5,7 +5,8 @@ When the setting is on and an archive names a requirements file (``torch-model-a
 into a folder of its own before any worker starts, and the workers find the packages there,
 ahead of the server's own (TorchServe puts them in the model folder on ``PYTHONPATH``).
 pip's own configuration applies (``PIP_INDEX_URL``, ``pip.conf`` ...). Off by default, as in
-TorchServe: installing runs code from the index, so a server must opt in.
+TorchServe: installing runs code from the index, so a server must opt in. ``allowed_urls``
+does not restrict pip; ``pip_index_url`` / ``pip_find_links`` do (``ferry.store.pip_sources``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 
 from ferry.errors import PackageInstallFailed
+from ferry.log_escape import Verbatim
+from ferry.store.pip_sources import UNRESTRICTED, PipSources, check_requirements
 
 log = logging.getLogger("ferry.store")
 
@@ -38,7 +41,12 @@ def requirements_path(model_dir: Path, requirements_file: str | None) -> Path | 
     return path
 
 
-def pip_command(requirements: Path, target: Path, python: str = sys.executable) -> list[str]:
+def pip_command(
+    requirements: Path,
+    target: Path,
+    python: str = sys.executable,
+    sources: PipSources = UNRESTRICTED,
+) -> list[str]:
     return [
         python,
         "-m",
@@ -49,18 +57,27 @@ def pip_command(requirements: Path, target: Path, python: str = sys.executable) 
         "--upgrade",
         "--target",
         str(target),
+        *sources.options(),
         "-r",
         str(requirements),
     ]
 
 
 def install_packages(
-    model: str, model_dir: Path, requirements: Path, work_dir: Path, timeout: float = PIP_TIMEOUT
+    model: str,
+    model_dir: Path,
+    requirements: Path,
+    work_dir: Path,
+    timeout: float = PIP_TIMEOUT,
+    sources: PipSources = UNRESTRICTED,
 ) -> Path:
     """Install ``requirements`` into a new folder under ``work_dir`` and return it; raises
-    ``PackageInstallFailed`` with pip's last lines (the folder is removed again)."""
+    ``PackageInstallFailed`` with pip's last lines (the folder is removed again), or, when
+    ``sources`` restrict pip, before pip runs for a file that would reach beyond them."""
+    if sources.restricted:
+        check_requirements(model, model_dir, requirements)
     target = Path(tempfile.mkdtemp(prefix=f"{model}-packages-", dir=work_dir))
-    command = pip_command(requirements, target)
+    command = pip_command(requirements, target, sources=sources)
     log.info("model %s: installing its packages from %s into %s", model, requirements.name, target)
     started = time.monotonic()
     try:
@@ -87,7 +104,9 @@ def install_packages(
     output = done.stdout.decode(errors="replace")
     if done.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
-        log.error("model %s: pip failed (exit %d):\n%s", model, done.returncode, output)
+        # pip's output, lines and all: about the archive's requirements, whose code the
+        # workers run anyway; no client's value.
+        log.error("model %s: pip failed (exit %d):\n%s", model, done.returncode, Verbatim(output))
         raise PackageInstallFailed(
             f"Custom pip package installation failed for model {model}: " + _reason(output)
         )

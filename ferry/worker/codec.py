@@ -10,6 +10,7 @@ import msgpack
 from ferry.worker.messages import (
     PROTOCOL_VERSION,
     BatchResult,
+    CancelRequests,
     HandlerMetricValue,
     InputPart,
     ItemResult,
@@ -25,7 +26,7 @@ from ferry.worker.messages import (
 FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
-_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL = 1, 2, 3, 4, 5, 6
+_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL, _CANCEL = 1, 2, 3, 4, 5, 6, 7
 
 
 class ProtocolError(Exception):
@@ -49,6 +50,8 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
     if isinstance(message, PartialResult):
         m = message
         return _PARTIAL, [m.batch_id, m.request_id, m.body, m.content_type, m.status]
+    if isinstance(message, CancelRequests):
+        return _CANCEL, [message.batch_id, message.request_ids]
     if isinstance(message, WorkerReady):
         return _READY, [message.pid, message.device]
     if isinstance(message, StartWorker):
@@ -92,6 +95,11 @@ def decode(payload: bytes) -> Message:
             )
         if kind == _PARTIAL:
             return PartialResult(*fields)
+        if kind == _CANCEL:
+            batch_id, request_ids = fields
+            if not isinstance(request_ids, list):
+                raise TypeError("request_ids must be a list")
+            return CancelRequests(batch_id, request_ids)
         if kind == _READY:
             return WorkerReady(*fields)
         if kind == _LOAD_FAILED:

@@ -81,6 +81,11 @@ class WorkerHandle(Protocol):
         """The next message about the oldest batch sent: parts it streamed, then its result."""
         ...
 
+    def cancel(self, batch_id: int, request_ids: list[str]) -> None:
+        """Tell the worker these requests of a batch it holds lost their client (it
+        stops streaming to them); never blocks, and does nothing once it is gone."""
+        ...
+
     def kill(self) -> None:
         """Stop the worker now; safe to call more than once."""
         ...

@@ -21,11 +21,11 @@ from ferry.worker.helper_threads import (
     install,
     threads_before_load,
 )
+from ferry.worker.inbox import Inbox
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
 from ferry.worker.messages import (
     Message,
-    PredictBatch,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
@@ -105,12 +105,18 @@ def serve(
     if place_helpers:
         install(helper_placement(threads_before))
     send(WorkerReady(os.getpid(), device))
-    while (message := read_message(reader)) is not None:
-        if not isinstance(message, PredictBatch):
-            raise codec.ProtocolError(f"worker got unexpected {type(message).__name__}")
+    inbox = Inbox(reader, read_message)
+    inbox.start()
+    while (message := inbox.next_batch()) is not None:
         with handler_thread_work():
-            answer = runner.run(message)
-        send(answer)
+            answer = runner.run(message, inbox.is_cancelled)
+        try:
+            send(answer)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # An answer msgpack cannot frame (a handler's header of no plain type, say)
+            # fails its batch, not the worker.
+            log.exception("batch %d's answer cannot be sent", message.batch_id)
+            send(runner.failed(message, exc))
     return 0
 
 

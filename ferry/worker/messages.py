@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
-3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``."""
+3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
+4: the frontend may send ``CancelRequests`` while a batch runs."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,15 @@ class BatchResult:
 
 
 @dataclass(frozen=True)
+class CancelRequests:
+    """The clients of these requests of a batch went away: parts streamed to them are
+    dropped, and a handler streaming only to them is stopped (``RequestCancelled``)."""
+
+    batch_id: int
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
 class StartWorker:
     """The first frame to a new worker: its ``WorkerSpec`` as a plain mapping."""
 
@@ -102,4 +112,12 @@ class WorkerLoadFailed:
     message: str
 
 
-Message = PredictBatch | BatchResult | PartialResult | StartWorker | WorkerReady | WorkerLoadFailed
+Message = (
+    PredictBatch
+    | BatchResult
+    | PartialResult
+    | CancelRequests
+    | StartWorker
+    | WorkerReady
+    | WorkerLoadFailed
+)

@@ -8,6 +8,10 @@ worker's prefix (``[model worker pid N]``):
   record's exception text, and the fields ``worker_logger``, ``request_id`` (one id, or a
   list for a batch) and ``exception`` for ``--log-format json``;
 - anything else (``print``, ``warnings``, a malformed marker line) stays plain text at INFO.
+
+A handler's text is relayed as written (``ferry.log_escape.Verbatim``): its multi-line
+messages and tracebacks print normally. Messages of Ferry's own worker loggers are escaped
+like every record of the frontend's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ferry.log_escape import Verbatim
 from ferry.worker.log_forward import ForwardedRecord, parse_forwarded
 
 OUTPUT_LOGGER = "ferry.worker.output"
@@ -37,7 +42,7 @@ async def relay_output(stream: asyncio.StreamReader, prefix: str) -> None:
 def relay_line(output: logging.Logger, prefix: str, text: str) -> None:
     forwarded = parse_forwarded(text)
     if forwarded is None:
-        output.info("%s %s", prefix, text)
+        output.info("%s %s", prefix, Verbatim(text))  # the handler's own output, as written
     elif output.isEnabledFor(forwarded.levelno):
         output.handle(_record(output, prefix, forwarded))
 
@@ -55,9 +60,19 @@ def _record(output: logging.Logger, prefix: str, forwarded: ForwardedRecord) -> 
         "(worker)",
         0,
         "%s %s: %s",
-        (prefix, forwarded.logger, forwarded.message),
+        (prefix, forwarded.logger, _as_written(forwarded)),
         None,
         extra={"fields": fields},
     )
     record.exc_text = forwarded.exc  # plain formatters print it below the message
     return record
+
+
+def _as_written(forwarded: ForwardedRecord) -> str:
+    """A handler's message kept as it wrote it (lines and all: it is the handler's, not a
+    client's); one of Ferry's own worker loggers is escaped like the frontend's records,
+    since its values (a handler's error text) may repeat a client's input."""
+    logger = forwarded.logger
+    if logger == "ferry" or logger.startswith("ferry."):
+        return forwarded.message
+    return Verbatim(forwarded.message)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ferry.errors import InvalidInput
+from ferry.protocols import tensor_bytes, untrusted_json
 from ferry.worker.messages import InputPart, RequestItem
 
 
@@ -13,9 +14,11 @@ def _decode_part(part: InputPart) -> Any:
     media_type = part.content_type.split(";", 1)[0].strip().lower()
     if media_type == "application/json":
         try:
-            return json.loads(part.data)
+            return untrusted_json.loads(part.data)
         except ValueError as exc:
             raise InvalidInput(f"invalid JSON in {part.name!r}: {exc}") from exc
+    if media_type == tensor_bytes.PAYLOAD_TYPE:  # a V2 request, as the frontend packed it
+        return tensor_bytes.unpack_request(part.data, part.content_type)
     if media_type.startswith("text/"):
         try:
             return part.data.decode("utf-8")
@@ -26,8 +29,16 @@ def _decode_part(part: InputPart) -> Any:
 
 
 def request_row(item: RequestItem) -> dict[str, Any]:
-    """One ``data`` entry: the raw body under ``body``, or one key per form field."""
-    return {part.name: _decode_part(part) for part in item.parts}
+    """One ``data`` entry: the raw body under ``body``, or one key per form field.
+    ``InvalidInput`` for a part that cannot be decoded, whatever the reason."""
+    try:
+        return {part.name: _decode_part(part) for part in item.parts}
+    except InvalidInput:
+        raise
+    except MemoryError:
+        raise InvalidInput("the request is too large to decode") from None
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+        raise InvalidInput(f"the request cannot be decoded: {exc}") from None
 
 
 def _json_default(value: Any) -> Any:
@@ -39,9 +50,14 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_output(value: Any, content_type: str | None) -> tuple[bytes, str]:
-    """Bytes go out raw, str as text, anything else as JSON."""
+    """Bytes go out raw, str as text, anything else as JSON (``ValueError`` when it cannot
+    be written: not serialisable, circular, or nested too deeply)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), content_type or "application/octet-stream"
     if isinstance(value, str):
         return value.encode(), content_type or "text/plain; charset=utf-8"
-    return json.dumps(value, default=_json_default).encode(), content_type or "application/json"
+    try:
+        text = json.dumps(value, default=_json_default)
+    except RecursionError:
+        raise ValueError("the answer is nested too deeply to write as JSON") from None
+    return text.encode(), content_type or "application/json"

@@ -21,6 +21,7 @@ from ferry.worker.cpu_pinning import (
 from ferry.worker.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
 from ferry.worker.messages import (
     BatchResult,
+    CancelRequests,
     Message,
     PartialResult,
     PredictBatch,
@@ -158,6 +159,10 @@ class WorkerProcess:
         if not isinstance(message, BatchResult | PartialResult):
             raise codec.ProtocolError(f"worker {self.pid} sent {type(message).__name__}")
         return message
+
+    def cancel(self, batch_id: int, request_ids: list[str]) -> None:
+        if not self._writer.is_closing():  # a few bytes: written without waiting
+            self._writer.write(codec.encode(CancelRequests(batch_id, request_ids)))
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

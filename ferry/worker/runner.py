@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from typing import Any
 
 from ferry.errors import InvalidInput
 from ferry.handlers.context import Context, IntermediateResponse
-from ferry.handlers.exceptions import PredictionException
+from ferry.handlers.exceptions import PredictionException, RequestCancelled
 from ferry.handlers.loader import EntryPoint
 from ferry.worker.log_forward import request_ids
 from ferry.worker.messages import (
@@ -52,13 +53,20 @@ class BatchRunner:
         self._streamed: set[str] = set()
         """Requests of the current batch that have sent a part: never run twice."""
 
-    def run(self, batch: PredictBatch) -> BatchResult:
+    def run(
+        self, batch: PredictBatch, is_cancelled: Callable[[int, str], bool] | None = None
+    ) -> BatchResult:
+        """Every request of ``batch`` answered; ``is_cancelled(batch_id, request_id)``
+        tells which lost their client meanwhile (``Context.send_intermediate``)."""
         start = time.perf_counter()
         self._streamed = set()
         if self.send_partial is not None:
-            send = self.send_partial
-            self.context.stream_to(lambda part: send(self._partial(batch.batch_id, part)))
-        results = self._run_items(batch.items, isolate_on_error=True)
+            send, batch_id = self.send_partial, batch.batch_id
+            cancelled = None
+            if is_cancelled is not None:
+                cancelled = functools.partial(is_cancelled, batch_id)
+            self.context.stream_to(lambda part: send(self._partial(batch_id, part)), cancelled)
+        results = self._answer_every_item(batch)
         elapsed_ms = (time.perf_counter() - start) * 1000
         # Drained every batch: the frontend aggregates them, the worker keeps nothing.
         metrics = [
@@ -67,6 +75,20 @@ class BatchRunner:
         ]
         stages = dict(self.context.stage_ms) or {"handle": elapsed_ms}
         return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages)
+
+    def failed(self, batch: PredictBatch, exc: Exception) -> BatchResult:
+        """The answer for a batch whose own answer could not be sent: every request
+        failed with ``exc``."""
+        return BatchResult(batch.batch_id, [_error(item, exc) for item in batch.items], 0.0)
+
+    def _answer_every_item(self, batch: PredictBatch) -> list[ItemResult]:
+        """Every request answered, whatever it made the handler or our own decoding
+        raise: one request's exception never ends the worker that holds its batch-mates."""
+        try:
+            return self._run_items(batch.items, isolate_on_error=True)
+        except Exception as exc:
+            log.exception("batch %d failed outside the handler", batch.batch_id)
+            return [_error(item, exc) for item in batch.items]
 
     def _partial(self, batch_id: int, part: IntermediateResponse) -> PartialResult:
         index = next(i for i, rid in self.context.request_ids.items() if rid == part.request_id)
@@ -97,6 +119,9 @@ class BatchRunner:
         with request_ids(ids):  # the handler's log records, and ours, name these requests
             try:
                 outputs = self.entry_point(rows, self.context)
+            except RequestCancelled as exc:
+                log.info("batch of %d stopped: %s", len(items), exc)
+                return [_error(item, exc) for item in items]
             except Exception as exc:
                 if isolate_on_error and len(items) > 1:
                     # One bad request must not fail its neighbours: retry each alone (but

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry.errors import HandlerFailed
+from ferry.protocols import untrusted_json
 from ferry.service_types import InputPart
 from ferry.workflows.spec import WorkflowSpec
 
@@ -147,12 +148,15 @@ def _combine(leaves: list[str], outputs: dict[str, bytes]) -> WorkflowAnswer:
     if len(leaves) == 1:
         return WorkflowAnswer(outputs[leaves[0]])
     combined = {leaf: _json_object(leaf, outputs[leaf]) for leaf in leaves}
-    return WorkflowAnswer(json.dumps(combined).encode())
+    try:
+        return WorkflowAnswer(json.dumps(combined).encode())
+    except RecursionError:
+        raise WorkflowFailed("the workflow's leaves answered JSON nested too deeply") from None
 
 
 def _json_object(leaf: str, output: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(output)
+        value = untrusted_json.loads(output)
     except ValueError:
         value = None
     if not isinstance(value, dict):

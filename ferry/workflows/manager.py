@@ -104,9 +104,13 @@ class WorkflowManager:
     async def _open(
         self, store: Path, relative: str, request: WorkflowRequest, downloaded: Path | None
     ) -> RegisteredWorkflow:
-        work_dir = self.service.work_dir
         archive = await asyncio.to_thread(
-            open_war, store, relative, work_dir, request.workflow_name
+            open_war,
+            store,
+            relative,
+            self.service.work_dir,
+            request.workflow_name,
+            max_unpacked_size=self.service.settings.max_unpacked_size,
         )
         try:
             self._reserve(archive.name)

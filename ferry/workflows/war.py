@@ -25,7 +25,7 @@ from typing import Any
 
 from ferry import __version__
 from ferry.errors import ArchiveError, InvalidRequest, InvalidWorkflow, WorkflowNotFound
-from ferry.store.extract import extract_zip
+from ferry.store.extract import extract_zip, unpacked
 from ferry.workflows.functions import check_function_nodes
 from ferry.workflows.spec import load_spec
 
@@ -133,22 +133,24 @@ def open_war(
     work_dir: Path,
     name: str | None = None,
     *,
-    max_unpacked_size: int | None = None,
+    max_unpacked_size: int | None,
 ) -> WorkflowArchive:
     """Unpack ``relative`` (a .war inside ``store``) into a new folder of ``work_dir`` and
     read its manifest; ``name`` overrides the manifest's workflow name. If opening fails,
-    nothing stays in ``work_dir``."""
+    nothing stays in ``work_dir``.
+
+    The .war goes through the store's extraction (``ferry.store.extract.unpacked``) with
+    the server's ``max_unpacked_size``, as a .mar does: a larger one is refused with the
+    same ``ArchiveError``. The limit has no default, so a caller cannot leave it out (the
+    workflow manager once did, and a .war unpacked without any limit).
+    """
     source = war_in_store(store, relative)
-    dest = Path(tempfile.mkdtemp(prefix=f"{source.stem}-", dir=work_dir))
-    try:
-        extract_zip(source, dest, max_unpacked_size)
+    # A .war is a zip whatever its file is called, as in TorchServe.
+    with unpacked(source, work_dir, extract_zip, max_unpacked_size) as dest:
         manifest = WarManifest.read(dest)
         workflow_name = name or manifest.workflow_name
         _check_name(workflow_name)
         return WorkflowArchive(workflow_name, dest, manifest, relative)
-    except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
 
 
 def _check_name(name: str) -> None:

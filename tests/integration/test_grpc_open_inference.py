@@ -1,7 +1,7 @@
 """The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``) on a real
 server, through tritonclient's gRPC client: health, metadata, inference with raw tensors
-as tritonclient sends them, errors, the model repository, batching with REST V2 requests
-and the inference key.
+as tritonclient sends them, errors, the model repository, batching with REST V2 requests,
+the keys (the management key for the model repository) and malformed messages.
 
 This process imports tritonclient.grpc, whose ``inference.*`` stubs collide with Ferry's
 own in one process: the server runs apart, and nothing here imports
@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -201,7 +202,8 @@ def test_a_grpc_request_batches_with_rest_v2_requests(server: RunningServer) -> 
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Keys on, the gRPC inference API beyond loopback; the model API off."""
+    """Keys on, the gRPC inference API beyond loopback; the model API off (``spare.mar``
+    in the store)."""
     tmp = tmp_path_factory.mktemp("grpc-oip-auth")
     store = tmp / "store"
     store.mkdir()
@@ -209,16 +211,26 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
         f"tensors={_tensor_archive(store, 'tensors', TENSOR_CONFIG)}",
         f"windowed={_tensor_archive(store, 'windowed', WINDOWED_CONFIG)}",
     ]
+    _tensor_archive(store, "spare", {"tensor_metadata": TENSOR_METADATA})
     address = ("--grpc-inference-address", "0.0.0.0")
     with ferry_server(store, models, tmp, *address, auth=True) as running:
         yield running
 
 
+def _keys(server: RunningServer) -> dict[str, str]:
+    key_file = server.log_path.parent / "key_file.json"
+    return {api: value["key"] for api, value in json.loads(key_file.read_text()).items()}
+
+
+def _keyed_client(server: RunningServer) -> triton.InferenceServerClient:
+    """A client of the server's gRPC inference API over loopback, where it listens."""
+    port = server.grpc_url.rsplit(":", 1)[1]
+    return triton.InferenceServerClient(url=f"127.0.0.1:{port}")
+
+
 def test_the_inference_key_is_needed_beyond_loopback(keyed_server: RunningServer) -> None:
-    key_file = keyed_server.log_path.parent / "key_file.json"
-    keys = {api: value["key"] for api, value in json.loads(key_file.read_text()).items()}
-    port = keyed_server.grpc_url.rsplit(":", 1)[1]
-    client = triton.InferenceServerClient(url=f"127.0.0.1:{port}")
+    keys = _keys(keyed_server)
+    client = _keyed_client(keyed_server)
     values = np.ones((1, 2), dtype=np.float32)
     with pytest.raises(InferenceServerException, match="Token Authorization failed") as denied:
         client.infer("tensors", [_input("x", values)])
@@ -230,9 +242,121 @@ def test_the_inference_key_is_needed_beyond_loopback(keyed_server: RunningServer
     result = client.infer("tensors", [_input("x", values)], headers=inference)
     np.testing.assert_array_equal(result.as_numpy("x_out"), values * 2)
 
+
+def test_without_the_model_api_the_management_key_cannot_unload_either(
+    keyed_server: RunningServer,
+) -> None:
+    """As over REST, where the management key gets 405 for an unregistration then."""
+    keys = _keys(keyed_server)
+    client = _keyed_client(keyed_server)
+    management = {"authorization": f"Bearer {keys['management']}"}
     with pytest.raises(InferenceServerException, match="--enable-model-api") as off:
-        client.unload_model("tensors", headers=inference)
+        client.unload_model("tensors", headers=management)
     assert _status(off.value) == "StatusCode.PERMISSION_DENIED"
     with pytest.raises(InferenceServerException, match="--enable-model-api"):
-        client.load_model("tensors", headers=inference)
-    assert client.is_model_ready("tensors", headers=inference)
+        client.load_model("spare", headers=management)
+    assert client.is_model_ready(
+        "tensors", headers={"authorization": f"Bearer {keys['inference']}"}
+    )
+    with keyed_server.management() as rest:
+        unregister = rest.delete("/models/tensors", headers=management)
+    assert unregister.status_code == 405, unregister.text
+
+
+# --- the model repository needs the management key ------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["127.0.0.1", "0.0.0.0"], ids=["loopback", "beyond"])
+def repository_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """Keys on and the model API on; the gRPC inference API on loopback or beyond it;
+    ``spare.mar`` in the store, nothing registered."""
+    tmp = tmp_path_factory.mktemp("grpc-oip-repository")
+    store = tmp / "store"
+    store.mkdir()
+    _tensor_archive(store, "spare", {"tensor_metadata": TENSOR_METADATA})
+    address = ("--grpc-inference-address", request.param)
+    with ferry_server(store, [], tmp, *address, "--enable-model-api", auth=True) as running:
+        yield running
+
+
+def test_loading_and_unloading_need_the_management_key(repository_server: RunningServer) -> None:
+    """Loading and unloading are management operations wherever they are reached: neither
+    no key nor the inference key may do over gRPC what REST's management API refuses."""
+    keys = _keys(repository_server)
+    client = _keyed_client(repository_server)
+    inference = {"authorization": f"Bearer {keys['inference']}"}
+    management = {"authorization": f"Bearer {keys['management']}"}
+    for headers in (None, inference):
+        with pytest.raises(InferenceServerException, match="Token Authorization failed") as load:
+            client.load_model("spare", headers=headers)
+        assert _status(load.value) == "StatusCode.PERMISSION_DENIED"
+    with repository_server.management() as rest:  # the same rule over REST
+        refused = rest.post("/models", params={"url": "spare.mar"}, headers=inference)
+    assert refused.status_code == 401, refused.text
+    with pytest.raises(InferenceServerException):
+        client.is_model_ready("spare", headers=inference)  # nothing was loaded
+
+    client.load_model("spare", headers=management)
+    assert client.is_model_ready("spare", headers=inference)
+    for headers in (None, inference):
+        with pytest.raises(InferenceServerException, match="Token Authorization failed") as unload:
+            client.unload_model("spare", headers=headers)
+        assert _status(unload.value) == "StatusCode.PERMISSION_DENIED"
+    assert client.is_model_ready("spare", headers=inference)
+    client.unload_model("spare", headers=management)
+    with pytest.raises(InferenceServerException) as gone:
+        client.is_model_ready("spare", headers=inference)
+    assert _status(gone.value) == "StatusCode.NOT_FOUND"
+
+
+def test_the_other_calls_keep_the_inference_keys_rule(repository_server: RunningServer) -> None:
+    """The management key opens only the repository calls; inference needs no key on
+    loopback, the inference key beyond it."""
+    keys = _keys(repository_server)
+    client = _keyed_client(repository_server)
+    beyond = not repository_server.grpc_url.startswith("grpc://127.0.0.1:")
+    if beyond:
+        with pytest.raises(InferenceServerException, match="Token Authorization failed"):
+            client.is_server_live()
+        with pytest.raises(InferenceServerException, match="Token Authorization failed"):
+            client.is_server_live(headers={"authorization": f"Bearer {keys['management']}"})
+    else:
+        assert client.is_server_live()
+    assert client.is_server_live(headers={"authorization": f"Bearer {keys['inference']}"})
+
+
+# --- malformed requests ------------------------------------------------------------------
+
+
+def _raw_call(target: str, method: str, metadata: Any = None) -> grpc.RpcError:
+    """``method`` called with bytes that are no protobuf message at all."""
+    with grpc.insecure_channel(target) as channel:
+        path = f"/inference.GRPCInferenceService/{method}"
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+        with pytest.raises(grpc.RpcError) as raised:
+            call(b"\xff\xff\xff", timeout=60, metadata=metadata)
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("method", "message"),
+    [("ModelInfer", "ModelInferRequest"), ("RepositoryModelLoad", "RepositoryModelLoadRequest")],
+)
+def test_a_malformed_message_is_invalid_argument(
+    server: RunningServer, method: str, message: str
+) -> None:
+    error = _raw_call(server.grpc_url.removeprefix("grpc://"), method)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == f"the request is not a valid {message} message"
+    assert "DecodeError" not in server.log()
+
+
+def test_a_malformed_message_without_the_key_is_refused_for_the_key(
+    keyed_server: RunningServer,
+) -> None:
+    target = f"127.0.0.1:{keyed_server.grpc_url.rsplit(':', 1)[1]}"
+    assert _raw_call(target, "ModelInfer").code() == grpc.StatusCode.PERMISSION_DENIED
+    key = (("authorization", f"Bearer {_keys(keyed_server)['inference']}"),)
+    assert _raw_call(target, "ModelInfer", key).code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -255,6 +255,46 @@ def test_management_errors_take_torchserves_codes(manage: Any) -> None:
     assert _error(lambda: manage.SetDefault(version, timeout=TIMEOUT)).code() == Code.NOT_FOUND
 
 
+# --- malformed requests ---------------------------------------------------------------
+
+
+def _raw(channel: grpc.Channel, method: str, streamed: bool = False) -> grpc.RpcError:
+    """``method`` called with bytes that are no protobuf message at all."""
+    if streamed:
+        replies: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(method)
+        return _error(lambda: list(replies(b"\xff\xff\xff", timeout=TIMEOUT)))
+    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
+    return _error(lambda: call(b"\xff\xff\xff", timeout=TIMEOUT))
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "streamed"),
+    [
+        ("Predictions", "PredictionsRequest", False),
+        ("StreamPredictions", "PredictionsRequest", True),
+        ("Ping", "Empty", False),
+    ],
+)
+def test_a_malformed_inference_message_is_invalid_argument(
+    server: RunningServer, method: str, message: str, streamed: bool
+) -> None:
+    with grpc.insecure_channel(_target(server.grpc_url)) as channel:
+        error = _raw(
+            channel, f"/org.pytorch.serve.grpc.inference.InferenceAPIsService/{method}", streamed
+        )
+    assert error.code() == Code.INVALID_ARGUMENT
+    assert error.details() == f"the request is not a valid {message} message"
+    assert "DecodeError" not in server.log()
+
+
+def test_a_malformed_management_message_is_invalid_argument(server: RunningServer) -> None:
+    method = "/org.pytorch.serve.grpc.management.ManagementAPIsService/RegisterModel"
+    with grpc.insecure_channel(_target(server.grpc_management_url)) as channel:
+        error = _raw(channel, method)
+    assert error.code() == Code.INVALID_ARGUMENT
+    assert error.details() == "the request is not a valid RegisterModelRequest message"
+
+
 # --- auth ------------------------------------------------------------------------------
 
 
@@ -350,9 +390,9 @@ def test_a_grpc_port_in_use_stops_start_up_in_one_line(tmp_path: Path, api: str)
     assert "Traceback" not in result.stderr
 
 
-def test_grpc_over_tls_with_the_https_certificate(tmp_path: Path) -> None:
-    store = echo_store(tmp_path)
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+def _certificate(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key: ``NAME.pem``, ``NAME.key``."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
     subprocess.run(
         [
             *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
@@ -362,6 +402,12 @@ def test_grpc_over_tls_with_the_https_certificate(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
+    return cert, key
+
+
+def test_grpc_over_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    store = echo_store(tmp_path)
+    cert, key = _certificate(tmp_path, "cert")
     tls = ["--enable-grpc-ssl", "true", "--certificate-file", str(cert)]
     with ferry_server(store, [], tmp_path, *tls, "--private-key-file", str(key)) as running:
         assert running.grpc_url.startswith("grpcs://127.0.0.1:")
@@ -373,3 +419,21 @@ def test_grpc_over_tls_with_the_https_certificate(tmp_path: Path) -> None:
         with grpc.insecure_channel(target) as plain:
             refused = _error(lambda: _inference_stub(plain).Ping(empty_pb2.Empty(), timeout=5))
         assert refused.code() == Code.UNAVAILABLE
+
+
+def test_a_key_that_is_not_the_certificates_stops_start_up_saying_so(tmp_path: Path) -> None:
+    """gRPC fails such a pair as if the port were taken; Ferry names the pair (exit 2)."""
+    store = echo_store(tmp_path)
+    cert, _ = _certificate(tmp_path, "cert")
+    _, other_key = _certificate(tmp_path, "other")
+    tls = ["--enable-grpc-ssl", "true", "--certificate-file", str(cert)]
+    argv = [
+        *FERRY,
+        *serve_args(store, "--disable-token-auth", *tls, "--private-key-file", str(other_key)),
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "the private key does not match the certificate" in result.stderr, result.stderr
+    assert str(other_key) in result.stderr and str(cert) in result.stderr
+    assert "address already in use" not in result.stderr
+    assert "Traceback" not in result.stderr

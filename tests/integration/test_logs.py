@@ -75,3 +75,33 @@ def test_a_worker_error_is_one_json_record_with_its_traceback_and_request_id(
     infos = [r["message"] for r in worker if r["level"] == "INFO"]
     assert not [m for m in infos if "Traceback" in m or 'File "' in m or "asked to fail" in m]
     assert not [line for line in log.splitlines() if "Traceback" in line and line[:1] != "{"]
+
+
+FORGED = "2026-11-26 11:38:07,003 INFO ferry.access: method=DELETE path=models status=200"
+
+
+def test_a_client_cannot_forge_or_drive_log_lines(main_server: RunningServer) -> None:
+    """Issue 29, defect 3: a newline in the path wrote a second, forged access line; ESC
+    and CR in the version segment reached the log raw."""
+    with main_server.client() as client:
+        forged = client.post(
+            "/predictions/nosuch%0A2026-11-26%2011:38:07,003%20INFO%20ferry.access:"
+            "%20method=DELETE%20path=models%20status=200",
+            content=b"x",
+        )
+        coloured = client.post("/predictions/digest/%1b[31m%0d", content=b"x")
+    assert forged.status_code == coloured.status_code == 404
+    log = main_server.log_path.read_bytes()  # as bytes: text mode would turn CR into LF
+    lines = log.decode(errors="replace").split("\n")
+    assert not [line for line in lines if line.startswith(FORGED)]
+    escaped = "nosuch\\n" + FORGED
+    assert any(
+        f"ferry.access: method=POST path=/predictions/{escaped} status=404 model={escaped} "
+        "latency_ms=" in line
+        for line in lines
+    )
+    assert any(
+        "path=/predictions/digest/\\x1b[31m\\r status=404 model=digest version=\\x1b[31m\\r" in line
+        for line in lines
+    )
+    assert b"\x1b" not in log and b"\r" not in log

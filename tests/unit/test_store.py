@@ -76,7 +76,7 @@ def test_zip_slip_is_refused(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
     with pytest.raises(ArchiveError, match="escapes"):
-        extract_zip(evil, dest)
+        extract_zip(evil, dest, None)
     assert not (tmp_path / "escaped.txt").exists()
 
 
@@ -96,7 +96,7 @@ def test_tar_escapes_are_refused(tmp_path: Path, kind: str) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
     with pytest.raises(ArchiveError):
-        extract_tar(evil, dest)
+        extract_tar(evil, dest, None)
 
 
 def test_paths_outside_the_store_are_refused(tmp_path: Path) -> None:

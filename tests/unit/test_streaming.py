@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ferry.errors import HandlerFailed, WorkerDied
+from ferry.errors import HandlerFailed, ResponseTimeout, WorkerDied
 from ferry.handlers.context import Context, IntermediateResponse
 from ferry.handlers.mock_context import MockContext
 from ferry.handlers.streaming import send_intermediate_predict_response
@@ -224,3 +224,137 @@ def test_parts_a_slow_client_has_not_read_are_bounded() -> None:
         events.on_part(PredictionPart(b"1234567890", "text/plain", 200, "r"))
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+# --- a client that hangs up on a stream (issue 29, defect 7) -----------------------------
+
+
+def test_a_stream_whose_clients_went_away_is_cancelled_in_the_worker() -> None:
+    """The job's future is cancelled as the HTTP transport does on a hang-up: the next
+    part tells the worker, which stops; the same worker serves the next request."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_FOREVER, Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=1, response_timeout=60.0)
+        runner.start()
+        await runner.wait_started()
+        worker = factory.started[0]
+        parts = Collected()
+        streaming = make_job(b"long", on_part=parts.add)
+        runner.submit(streaming)
+        while len(parts.bodies) < 3:
+            await asyncio.sleep(0)
+        streaming.future.cancel()
+        while not worker.cancels:
+            await asyncio.sleep(0)
+        assert worker.cancels == [(worker.batches[0].batch_id, [streaming.item.request_id])]
+        worker.behaviour = Behaviour.ECHO
+        later = make_job(b"next")
+        runner.submit(later)
+        assert bodies(await outcomes([later])) == [b"next"]
+        assert not worker.killed and len(factory.started) == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_worker_that_streams_on_after_the_cancel_is_replaced() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_FOREVER, Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=1, response_timeout=60.0, cancel_grace=0.01)
+        runner.start()
+        await runner.wait_started()
+        stubborn = factory.started[0]
+        stubborn.ignores_cancel = True
+        parts = Collected()
+        streaming = make_job(b"long", on_part=parts.add)
+        runner.submit(streaming)
+        while not parts.bodies:
+            await asyncio.sleep(0)
+        streaming.future.cancel()
+        later = make_job(b"next")
+        runner.submit(later)
+        assert bodies(await outcomes([later])) == [b"next"]
+        assert stubborn.killed and len(factory.started) == 2
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_batch_mate_still_read_keeps_the_stream_going() -> None:
+    """One of two clients hangs up: its parts are dropped and the worker told, but the
+    batch is not abandoned, so nothing is killed."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_FOREVER)
+        runner = runner_with(factory, batch_size=2, response_timeout=60.0, cancel_grace=0.01)
+        kept_parts, gone_parts = Collected(), Collected()
+        kept = make_job(b"kept", on_part=kept_parts.add)
+        gone = make_job(b"gone", on_part=gone_parts.add)
+        runner.start()
+        await runner.wait_started()
+        runner.submit(kept)  # together, before the dispatcher runs: one batch
+        runner.submit(gone)
+        while not gone_parts.bodies:
+            await asyncio.sleep(0)
+        gone.future.cancel()
+        worker = factory.started[0]
+        while not worker.cancels:
+            await asyncio.sleep(0)
+        before = len(kept_parts.bodies)
+        while len(kept_parts.bodies) < before + 5:
+            await asyncio.sleep(0)
+        assert worker.cancels == [(worker.batches[0].batch_id, [gone.item.request_id])]
+        assert not worker.killed and not kept.future.done()
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_stream_past_stream_timeout_ends_with_a_timeout() -> None:
+    """Each part restarts responseTimeout; stream_timeout bounds the whole stream."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STREAM_FOREVER, Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=1, response_timeout=60.0, stream_timeout=0.01)
+        runner.start()
+        endless = make_job(b"long", on_part=Collected().add)
+        runner.submit(endless)
+        (result,) = await outcomes([endless])
+        assert isinstance(result, ResponseTimeout) and "stream_timeout" in str(result)
+        assert factory.started[0].killed
+        await runner.stop()
+
+    run(scenario)
+
+
+def _streaming_handler(data: list[Any], context: Context) -> list[Any]:
+    ids = context.request_ids
+    for _ in range(1000):
+        send_intermediate_predict_response(["t"] * len(data), ids, "ok", 200, context)
+    return ["end"] * len(data)
+
+
+def test_the_handler_is_stopped_once_every_client_of_its_batch_went_away(
+    tmp_path: Path,
+) -> None:
+    sent: list[Message] = []
+    runner = BatchRunner(_streaming_handler, _context(tmp_path), sent.append)
+    gone = {"q0", "q1"}
+
+    def cancelled(batch_id: int, request_id: str) -> bool:
+        return batch_id == 7 and request_id in gone and len(sent) >= 4
+
+    result = runner.run(_batch(b"a", b"b"), cancelled)
+    assert len(sent) == 4, "parts stop at the first send after the cancel"
+    assert all(r.error_kind == "handler" and "went away" in r.message for r in result.results)
+
+
+def test_parts_for_a_request_whose_client_alone_went_away_are_dropped(tmp_path: Path) -> None:
+    sent: list[Message] = []
+    runner = BatchRunner(_streaming_handler, _context(tmp_path), sent.append)
+    result = runner.run(_batch(b"a", b"b"), lambda batch_id, request_id: request_id == "q0")
+    assert {m.request_id for m in sent if isinstance(m, PartialResult)} == {"q1"}
+    assert len(sent) == 1000
+    assert [r.body for r in result.results] == [b"end", b"end"]
+    assert _context(tmp_path).is_cancelled("q0") is False

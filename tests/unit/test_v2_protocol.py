@@ -77,9 +77,9 @@ def test_binary_tensors_follow_the_json_header() -> None:
     )
     request = v2.parse_request(header + blobs, str(len(header)))
     f, b, h = request.inputs
-    assert f.data == [1.5, -2.0]
-    assert b.data == ["YWJj", ""]  # base64 of b"abc", and an empty element
-    assert h.data == [1.5]
+    assert f.elements() == [1.5, -2.0]
+    assert b.elements() == ["YWJj", ""]  # base64 of b"abc", and an empty element
+    assert h.elements() == [1.5]
     assert "binary_data_size" not in f.parameters
 
 

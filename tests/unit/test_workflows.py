@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tempfile
 import zipfile
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -12,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from ferry.config.settings import ServerSettings
 from ferry.errors import ArchiveError, HandlerFailed, InvalidRequest, WorkflowNotFound
+from ferry.service import FerryService
 from ferry.service_types import InputPart
+from ferry.store.archive import open_model
 from ferry.workflows import (
     InvalidWorkflow,
     WorkflowFailed,
@@ -26,7 +30,10 @@ from ferry.workflows import (
     run_workflow,
     write_war,
 )
+from ferry.workflows.manager import WorkflowManager, WorkflowRequest
 from ferry.workflows.war import WAR_MANIFEST_PATH, WarManifest
+from tests.fixtures.fake_worker import FakeFactory
+from tests.fixtures.models import digest_archive
 
 BOUND = 5.0
 """Seconds a test may take before it counts as hung."""
@@ -341,11 +348,12 @@ def test_war_round_trip(tmp_path: Path) -> None:
 
     work = tmp_path / "work"
     work.mkdir()
-    archive = open_war(store, "my_wf-1.0.war", work)
+    archive = open_war(store, "my_wf-1.0.war", work, max_unpacked_size=None)
     assert archive.name == "my_wf-1.0"
     assert archive.spec_path.read_text() == spec_file.read_text()
     assert archive.handler_path.name == "handler.py"
-    assert open_war(store, "my_wf-1.0.war", work, name="renamed").name == "renamed"
+    renamed = open_war(store, "my_wf-1.0.war", work, name="renamed", max_unpacked_size=None)
+    assert renamed.name == "renamed"
     archive.free()
     assert not archive.folder.exists()
 
@@ -404,17 +412,81 @@ def test_war_manifest_is_checked(
     work = tmp_path / "work"
     work.mkdir()
     with pytest.raises(ArchiveError, match=re.escape(message)):
-        open_war(tmp_path, "wf.war", work)
+        open_war(tmp_path, "wf.war", work, max_unpacked_size=None)
     assert list(work.iterdir()) == []  # nothing left behind
 
 
 def test_war_paths_stay_in_the_store(tmp_path: Path) -> None:
     climbing = re.escape("Relative path is not allowed in url: ../x.war")
     with pytest.raises(InvalidRequest, match=climbing):
-        open_war(tmp_path, "../x.war", tmp_path)
+        open_war(tmp_path, "../x.war", tmp_path, max_unpacked_size=None)
     missing = re.escape("Workflow not found in workflow store: none.war")
     with pytest.raises(WorkflowNotFound, match=missing):
-        open_war(tmp_path, "none.war", tmp_path)
+        open_war(tmp_path, "none.war", tmp_path, max_unpacked_size=None)
+
+
+PADDING = 3_000_000
+"""Zero bytes added to a .war: a few KiB on disk, 3 MB unpacked."""
+LIMIT = 1 << 20
+
+
+def padded_war(store: Path, name: str = "wf") -> Path:
+    """A valid .war (one model node ``m1``, one function node ``pre``) carrying a
+    zero-filled file that unpacks past ``LIMIT``."""
+    spec_file, handler = workflow_files(store.parent / f"{name}-src")
+    war = write_war(name, spec_file, handler, [], store)
+    with zipfile.ZipFile(war, "a", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("padding.bin", bytes(PADDING))
+    assert war.stat().st_size < 50_000
+    return war
+
+
+def test_a_war_past_max_unpacked_size_is_refused_as_a_mar_is(tmp_path: Path) -> None:
+    store, work = tmp_path / "store", tmp_path / "work"
+    work.mkdir()
+    war = padded_war(store)
+    (store / "wf.mar").write_bytes(war.read_bytes())
+    with pytest.raises(ArchiveError) as as_war:
+        open_war(store, "wf.war", work, max_unpacked_size=LIMIT)
+    with pytest.raises(ArchiveError) as as_mar:
+        open_model(store, "wf.mar", work, max_unpacked_size=LIMIT)
+    assert as_war.value.message == "wf.war unpacks to more than 1 MiB (max_unpacked_size); refused"
+    assert as_mar.value.message == as_war.value.message.replace("wf.war", "wf.mar")
+    assert list(work.iterdir()) == []  # refused before a byte was written, folder removed
+    assert open_war(store, "wf.war", work, max_unpacked_size=2 * PADDING).name == "wf"
+
+
+def test_a_war_entry_climbing_out_is_refused(tmp_path: Path) -> None:
+    write_zip(tmp_path / "wf.war", {"../../escaped.txt": "x"})
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(ArchiveError, match="escapes the model folder"):
+        open_war(tmp_path, "wf.war", work, max_unpacked_size=LIMIT)
+    assert list(work.iterdir()) == [] and not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_registering_a_war_applies_the_servers_max_unpacked_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the workflow manager, as ``POST /workflows`` does: the setting reaches the
+    .war's extraction (it once did not, and the .war unpacked without a limit)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the service's work folder
+    store = tmp_path / "store"
+    padded_war(store)
+    digest_archive(store, "m1")
+    settings = ServerSettings(model_store=store, enable_model_api=True, max_unpacked_size=LIMIT)
+
+    async def scenario() -> None:
+        service = FerryService(settings, start_worker=FakeFactory())
+        try:
+            with pytest.raises(ArchiveError, match=r"wf\.war unpacks to more than 1 MiB"):
+                await WorkflowManager(service).register(WorkflowRequest("wf.war"))
+            assert list(service.work_dir.iterdir()) == []
+            assert service.model_names() == []
+        finally:
+            await service.close()
+
+    run(scenario())
 
 
 def test_manifest_reader_accepts_torchserve_extras(tmp_path: Path) -> None:

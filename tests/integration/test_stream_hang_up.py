@@ -1,0 +1,82 @@
+"""A client that hangs up on a streamed answer (issue 29, defect 7): the handler is told
+and stops, or its worker is replaced when it does not; either way the model's next request
+is answered. The handler streams without end, so without the cancellation the next request
+would wait for ever."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.models import HANDLERS, write_config
+from tests.fixtures.polling import wait_until
+from tests.fixtures.server import RunningServer, ferry_server
+
+
+def _archive(store: Path) -> str:
+    scratch = store.parent / "endless-src"
+    scratch.mkdir(exist_ok=True)
+    spec = ArchiveSpec(
+        model_name="endless",
+        handler=str(HANDLERS / "endless_streaming_handler.py"),
+        config_file=write_config(scratch, {"minWorkers": 1, "batchSize": 1}),
+    )
+    return write_archive(spec, store, force=True).name
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("hang-up")
+    store = tmp / "store"
+    store.mkdir()
+    with ferry_server(
+        store, [f"endless={_archive(store)}"], tmp, "--cancel-grace", "1"
+    ) as running:
+        yield running
+
+
+def _pid(server: RunningServer) -> int:
+    with server.management() as api:
+        return int(api.get("/models/endless").json()[0]["workers"][0]["pid"])
+
+
+def _read_three_chunks_and_hang_up(server: RunningServer, body: bytes) -> list[bytes]:
+    with (
+        server.client() as client,
+        client.stream("POST", "/predictions/endless", content=body) as response,
+    ):
+        assert response.status_code == 200
+        chunks = []
+        for chunk in response.iter_raw():
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                break
+    return chunks  # leaving both blocks closes the connection mid-stream
+
+
+def _next_request_is_answered(server: RunningServer) -> None:
+    with server.client() as client:
+        response = client.post("/predictions/endless", content=b"2")
+    assert response.status_code == 200, response.text
+    assert response.text == "done after 2"
+
+
+def test_a_handler_streaming_to_nobody_is_stopped_and_its_worker_kept(
+    server: RunningServer,
+) -> None:
+    before = _pid(server)
+    assert _read_three_chunks_and_hang_up(server, b"tell me everything")
+    _next_request_is_answered(server)
+    assert _pid(server) == before
+    wait_until("the cancellation logged", lambda: "went away; cancelling it" in server.log())
+
+
+def test_a_handler_that_ignores_the_cancel_loses_its_worker(server: RunningServer) -> None:
+    before = _pid(server)
+    assert _read_three_chunks_and_hang_up(server, b"stubborn stream")
+    _next_request_is_answered(server)
+    assert _pid(server) != before
+    assert "did not stop within 1s after its clients went away" in server.log()
