@@ -1,6 +1,7 @@
 """Ferry's domain errors. They name what went wrong, never an HTTP status.
 
-Each transport maps them to its own codes in one table (``ferry.http.errors``).
+One table, ``ferry.error_table``, gives each a row with a column per transport (HTTP
+status, TorchServe error type, gRPC code), looked up by class hierarchy.
 
     FerryError
     ├── ModelNotFound          unknown model or version

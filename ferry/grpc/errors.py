@@ -1,11 +1,13 @@
-"""The one table from domain errors to gRPC status codes, TorchServe's mapping.
+"""Domain errors as gRPC status codes: the gRPC column of ``ferry.error_table``, and
+TorchServe's per-call departures from it.
 
 TorchServe turns an HTTP status into a gRPC code (``HTTP_TO_GRPC``) for errors that come
-from a worker, and picks codes by hand elsewhere; ``ERROR_CODES`` is that choice per
-domain error. Two calls answer differently from it, as TorchServe does:
-``Predictions`` and ``StreamPredictions`` report an unknown model, and a queue that will
-not take the request, as INTERNAL (``PREDICTION_CODES``), and ``DescribeModel`` with
-``customized`` an unknown model as INTERNAL too (``CUSTOMIZED_DESCRIBE_CODES``).
+from a worker, and picks codes by hand elsewhere; the table's gRPC column is that choice
+per domain error (``ERROR_CODES``). Two calls answer differently from it, as TorchServe
+does, through small override mappings laid over the table: ``Predictions`` and
+``StreamPredictions`` report an unknown model, and a queue that will not take the
+request, as INTERNAL (``PREDICTION_CODES``), and ``DescribeModel`` with ``customized`` an
+unknown model as INTERNAL too (``CUSTOMIZED_DESCRIBE_CODES``).
 
 The Open Inference Protocol's service (``open_inference``) answers with ``ERROR_CODES``
 as they are: ``InvalidInput`` INVALID_ARGUMENT, ``ModelNotFound`` NOT_FOUND,
@@ -22,33 +24,11 @@ from collections.abc import Mapping
 
 from grpc import StatusCode
 
-from ferry.errors import (
-    ArchiveError,
-    ArchiveNotFound,
-    ClientGone,
-    ConfigError,
-    DeadlineExceeded,
-    FerryError,
-    HandlerFailed,
-    InvalidInput,
-    InvalidRequest,
-    InvalidWorkflow,
-    ModelAlreadyExists,
-    ModelApiDisabled,
-    ModelLoadFailed,
-    ModelNotFound,
-    NoWorkerAvailable,
-    Overloaded,
-    PackageInstallFailed,
-    RequestTooLarge,
-    ResponseTimeout,
-    ResponseTooLarge,
-    UrlNotAllowed,
-    WorkerDied,
-    WorkflowAlreadyExists,
-    WorkflowNotFound,
-    WorkflowRegistrationFailed,
-)
+from ferry.error_table import ERROR_ROWS, UNLISTED_ROW, most_specific
+from ferry.errors import FerryError, HandlerFailed, ModelNotFound, NoWorkerAvailable, Overloaded
+
+Overrides = Mapping[type[FerryError], StatusCode]
+"""Codes one call answers instead of ``ERROR_CODES``' for some domain errors."""
 
 HTTP_TO_GRPC: dict[int, StatusCode] = {
     400: StatusCode.INVALID_ARGUMENT,
@@ -84,35 +64,14 @@ def from_http(status: int) -> StatusCode:
     return StatusCode.UNKNOWN
 
 
-ERROR_CODES: dict[type[FerryError], StatusCode] = {
-    ModelNotFound: StatusCode.NOT_FOUND,
-    RequestTooLarge: StatusCode.RESOURCE_EXHAUSTED,
-    ResponseTooLarge: StatusCode.INTERNAL,
-    InvalidInput: StatusCode.INVALID_ARGUMENT,
-    Overloaded: StatusCode.UNAVAILABLE,
-    NoWorkerAvailable: StatusCode.UNAVAILABLE,
-    ClientGone: StatusCode.CANCELLED,
-    WorkerDied: StatusCode.INTERNAL,
-    ResponseTimeout: StatusCode.DEADLINE_EXCEEDED,
-    DeadlineExceeded: StatusCode.DEADLINE_EXCEEDED,
-    HandlerFailed: StatusCode.INTERNAL,  # or the code the handler asked for: error_code()
-    ArchiveError: StatusCode.INVALID_ARGUMENT,
-    PackageInstallFailed: StatusCode.INVALID_ARGUMENT,
-    ArchiveNotFound: StatusCode.NOT_FOUND,
-    ConfigError: StatusCode.INVALID_ARGUMENT,
-    InvalidRequest: StatusCode.INVALID_ARGUMENT,
-    ModelAlreadyExists: StatusCode.ABORTED,
-    ModelLoadFailed: StatusCode.INTERNAL,
-    ModelApiDisabled: StatusCode.PERMISSION_DENIED,
-    UrlNotAllowed: StatusCode.INVALID_ARGUMENT,
-    InvalidWorkflow: StatusCode.INVALID_ARGUMENT,
-    WorkflowNotFound: StatusCode.NOT_FOUND,
-    WorkflowAlreadyExists: StatusCode.ABORTED,
-    WorkflowRegistrationFailed: StatusCode.INTERNAL,
+ERROR_CODES: Mapping[type[FerryError], StatusCode] = {
+    error: StatusCode[row.grpc_code] for error, row in ERROR_ROWS.items()
 }
+"""Each domain error's gRPC code, read from the one table."""
 
-PREDICTION_CODES: dict[type[FerryError], StatusCode] = {
-    **ERROR_CODES,
+NO_OVERRIDES: Overrides = {}
+
+PREDICTION_CODES: Overrides = {
     ModelNotFound: StatusCode.INTERNAL,
     Overloaded: StatusCode.INTERNAL,
     NoWorkerAvailable: StatusCode.INTERNAL,
@@ -120,32 +79,28 @@ PREDICTION_CODES: dict[type[FerryError], StatusCode] = {
 """``Predictions`` and ``StreamPredictions``: TorchServe answers INTERNAL when the model
 or version is unknown and when its queue does not take the job."""
 
-CUSTOMIZED_DESCRIBE_CODES: dict[type[FerryError], StatusCode] = {
-    **ERROR_CODES,
-    ModelNotFound: StatusCode.INTERNAL,
-}
+CUSTOMIZED_DESCRIBE_CODES: Overrides = {ModelNotFound: StatusCode.INTERNAL}
 """``DescribeModel`` with ``customized``: the request goes to a worker, as a prediction."""
 
 
-def error_code(
-    error: FerryError, table: Mapping[type[FerryError], StatusCode] = ERROR_CODES
-) -> StatusCode:
-    """The code of the error's most specific class in ``table`` (walking its MRO, as
-    ``ferry.http.errors.lookup`` does); a handler's own status (``PredictionException``)
-    goes through ``from_http``; INTERNAL for a class the table does not know."""
+def error_code(error: FerryError, overrides: Overrides = NO_OVERRIDES) -> StatusCode:
+    """The code of the error's most specific class in ``overrides`` laid over
+    ``ERROR_CODES`` (``ferry.error_table.most_specific``), so an override for a base
+    applies to its subclasses too; a handler's own status (``PredictionException``) goes
+    through ``from_http``; INTERNAL for a class the table does not know."""
     if isinstance(error, HandlerFailed) and error.status is not None:
         return from_http(error.status)
-    for cls in type(error).__mro__:
-        if cls in table:
-            return table[cls]
-    return StatusCode.INTERNAL
+    unlisted = StatusCode[UNLISTED_ROW.grpc_code]
+    return most_specific(error, {**ERROR_CODES, **overrides}, unlisted)
 
 
 __all__ = [
     "CUSTOMIZED_DESCRIBE_CODES",
     "ERROR_CODES",
     "HTTP_TO_GRPC",
+    "NO_OVERRIDES",
     "PREDICTION_CODES",
+    "Overrides",
     "error_code",
     "from_http",
 ]

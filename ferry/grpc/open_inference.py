@@ -11,7 +11,7 @@ worker unless its model-config asks for more. Load and unload are management ope
 as registering over REST is: they need the management key whenever keys are on, even on
 loopback (``REPOSITORY_METHODS``, checked by ``ferry.grpc.auth``), and the model API
 (``--enable-model-api``), else PERMISSION_DENIED with REST's words, as TorchServe's gRPC
-``RegisterModel`` answers. Errors take ``ferry.grpc.errors.ERROR_CODES``' codes.
+``RegisterModel`` answers. Errors take the gRPC codes of ``ferry.error_table``, as they are.
 
 This module loads the ``inference.*`` descriptors into protobuf's default pool: a process
 that imports it cannot import tritonclient.grpc or kserve's stubs too. The conversions

@@ -10,17 +10,16 @@ empty string mean "the default" (REST's defaults), and ``synchronous`` is false 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Never
 
-from grpc import StatusCode, aio
+from grpc import aio
 
 from ferry.apis import Apis
 
 # The describe document is TorchServe's REST one; it lives with the REST adapter for now.
 from ferry.describe import add_customized, model_json
 from ferry.errors import FerryError, InvalidRequest
-from ferry.grpc.errors import CUSTOMIZED_DESCRIBE_CODES, ERROR_CODES, error_code
+from ferry.grpc.errors import CUSTOMIZED_DESCRIBE_CODES, NO_OVERRIDES, Overrides, error_code
 from ferry.grpc.generated import ferry_torchserve_management_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_management_pb2_grpc as pb_grpc
 from ferry.service import FerryService
@@ -28,7 +27,6 @@ from ferry.service_types import RegisterRequest
 
 if TYPE_CHECKING:  # generic only in the stubs
     Context = aio.ServicerContext[Any, Any]
-Table = Mapping[type[FerryError], StatusCode]
 
 PROCESSING = "Processing worker updates..."
 
@@ -67,8 +65,8 @@ def _json(document: Any) -> pb.ManagementResponse:
     return _reply(json.dumps(document, indent=2))
 
 
-async def _fail(context: Context, error: FerryError, table: Table = ERROR_CODES) -> Never:
-    await context.abort(error_code(error, table), error.message)
+async def _fail(context: Context, error: FerryError, overrides: Overrides = NO_OVERRIDES) -> Never:
+    await context.abort(error_code(error, overrides), error.message)
 
 
 class TorchServeManagement(pb_grpc.ManagementAPIsServiceServicer):
@@ -85,7 +83,7 @@ class TorchServeManagement(pb_grpc.ManagementAPIsServiceServicer):
             if customized:
                 add_customized(described, await self._service.customized_metadata(name, version))
         except FerryError as error:
-            await _fail(context, error, CUSTOMIZED_DESCRIBE_CODES if customized else ERROR_CODES)
+            await _fail(context, error, CUSTOMIZED_DESCRIBE_CODES if customized else NO_OVERRIDES)
         return _json(described)
 
     async def ListModels(

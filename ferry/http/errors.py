@@ -1,4 +1,5 @@
-"""The one table from domain errors to HTTP status and TorchServe's error body."""
+"""Domain errors as HTTP answers: the HTTP columns of ``ferry.error_table`` and
+TorchServe's JSON error body."""
 
 from __future__ import annotations
 
@@ -10,60 +11,13 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from ferry.errors import (
-    ArchiveError,
-    ArchiveNotFound,
-    ClientGone,
-    ConfigError,
-    DeadlineExceeded,
-    FerryError,
-    HandlerFailed,
-    InvalidInput,
-    InvalidRequest,
-    InvalidWorkflow,
-    ModelAlreadyExists,
-    ModelApiDisabled,
-    ModelLoadFailed,
-    ModelNotFound,
-    NoWorkerAvailable,
-    Overloaded,
-    PackageInstallFailed,
-    RequestTooLarge,
-    ResponseTimeout,
-    ResponseTooLarge,
-    UrlNotAllowed,
-    WorkerDied,
-    WorkflowAlreadyExists,
-    WorkflowNotFound,
-    WorkflowRegistrationFailed,
-)
+from ferry.error_table import ERROR_ROWS, UNLISTED_ROW, most_specific
+from ferry.errors import FerryError, HandlerFailed
 
-ERROR_TABLE: dict[type[FerryError], tuple[int, str]] = {
-    ModelNotFound: (404, "ModelNotFoundException"),
-    RequestTooLarge: (413, "RequestEntityTooLargeException"),
-    ResponseTooLarge: (500, "ResponseTooLargeException"),
-    InvalidInput: (400, "BadRequestException"),
-    Overloaded: (503, "ServiceUnavailableException"),
-    NoWorkerAvailable: (503, "ServiceUnavailableException"),
-    ClientGone: (499, "ClientClosedRequestException"),  # nginx's code; nobody reads it
-    WorkerDied: (500, "InternalServerException"),
-    ResponseTimeout: (504, "ResponseTimeoutException"),
-    DeadlineExceeded: (504, "DeadlineExceededException"),
-    HandlerFailed: (500, "InternalServerException"),
-    ArchiveError: (400, "InvalidModelException"),
-    PackageInstallFailed: (400, "ModelException"),
-    ArchiveNotFound: (404, "ModelNotFoundException"),
-    ConfigError: (400, "BadRequestException"),
-    InvalidRequest: (400, "BadRequestException"),
-    ModelAlreadyExists: (409, "ConflictStatusException"),
-    ModelLoadFailed: (500, "InternalServerException"),
-    ModelApiDisabled: (405, "MethodNotAllowedException"),
-    UrlNotAllowed: (400, "InvalidUrlException"),
-    InvalidWorkflow: (400, "InvalidDAGException"),
-    WorkflowNotFound: (404, "WorkflowNotFoundException"),
-    WorkflowAlreadyExists: (409, "ConflictStatusException"),
-    WorkflowRegistrationFailed: (500, "WorkflowException"),
+ERROR_TABLE: Mapping[type[FerryError], tuple[int, str]] = {
+    error: (row.http_status, row.torchserve_type) for error, row in ERROR_ROWS.items()
 }
+"""Each domain error's HTTP status and TorchServe error type, read from the one table."""
 
 
 def error_body(status: int, error_type: str, message: str) -> Response:
@@ -74,13 +28,10 @@ def error_body(status: int, error_type: str, message: str) -> Response:
 def lookup(
     error: FerryError, table: Mapping[type[FerryError], tuple[int, str]] = ERROR_TABLE
 ) -> tuple[int, str]:
-    """The entry of the error's most specific class in ``table`` (walking its MRO, as
-    Starlette looks up exception handlers), so a subclass listed anywhere wins over its
-    base; 500 for a class the table does not know."""
-    for cls in type(error).__mro__:
-        if cls in table:
-            return table[cls]
-    return 500, "InternalServerException"
+    """The status and type of the error's most specific class in ``table``
+    (``ferry.error_table.most_specific``); 500 for a class the table does not know."""
+    unlisted = (UNLISTED_ROW.http_status, UNLISTED_ROW.torchserve_type)
+    return most_specific(error, table, unlisted)
 
 
 def error_response(error: FerryError) -> Response:
@@ -101,7 +52,7 @@ def _ignore(status: int) -> None:
 
 
 def guarded(endpoint: Endpoint, record: StatusRecorder = _ignore) -> Endpoint:
-    """Answer the domain errors an endpoint raises through the table above, and report
+    """Answer the domain errors an endpoint raises through ``ERROR_TABLE``, and report
     every response's status to ``record``."""
 
     async def call(request: Request) -> Response:

@@ -2,8 +2,8 @@
 Protocol V2 (``/v2/...``, with the binary tensor data extension) and KServe V1
 (``/v1/models/...``). Each request becomes one ``service.predict`` call, so it queues and
 batches with every other protocol's requests for the model (``ferry.protocols.v2`` says
-what the handler receives). Errors are ``{"error": message}`` with the status of
-``ferry.http.errors``' table.
+what the handler receives). Errors are ``{"error": message}`` with the HTTP status of
+``ferry.error_table``.
 """
 
 from __future__ import annotations
