@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry.bench.profile import MIN_RUNS, NOISY_SPREAD
 from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import DEMO_STORE, ts_style_archive
 
@@ -43,13 +44,55 @@ def test_profile_writes_csv_json_and_png(tmp_path: Path) -> None:
     assert keys == {
         (str(b), v, p) for b in (1, 2, 4) for v in ("handler", "model") for p in ("fp32", "bf16")
     }
-    assert all(float(r["items_per_second"]) > 0 and float(r["memory_mb"]) >= 0 for r in rows)
-    assert all(int(r["runs"]) >= 5 and float(r["spread"]) >= 0 for r in rows)
+    for row in rows:
+        _assert_consistent(row)
+    assert _table(run.stdout) == {
+        (r["batch_size"], r["variant"], r["precision"]): (
+            f"{float(r['memory_mb']):.1f}",
+            r["runs"],
+            float(r["spread"]) > NOISY_SPREAD,
+        )
+        for r in rows
+    }
     assert "torch threads" in run.stdout
     document = json.loads((tmp_path / "profile.json").read_text())
-    assert document["model"] == "shapes.mar" and len(document["points"]) == len(rows)
+    assert document["model"] == "shapes.mar"
+    # The same figures as the CSV, in the same order (csv writes a number as str() does).
+    assert [{k: str(v) for k, v in point.items()} for point in document["points"]] == rows
     assert document["optimization"] == {}
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+ROUNDING_MS = 0.0005
+"""The CSV's times are rounded to 0.001 ms: each is off by at most this."""
+
+
+def _assert_consistent(row: dict[str, str]) -> None:
+    """A CSV row's figures agree with one another, up to their rounding: spread and
+    items/s are computed from the same timings as the percentiles."""
+    batch, runs = int(row["batch_size"]), int(row["runs"])
+    p10, median, p90 = (float(row[f"latency_ms_{q}"]) for q in ("p10", "median", "p90"))
+    assert runs >= MIN_RUNS and 0 <= p10 <= median <= p90, row
+    assert median > ROUNDING_MS, row  # else the bounds below say nothing
+    width = p90 - p10
+    low = (width - 2 * ROUNDING_MS) / (median + ROUNDING_MS) - 0.0005
+    high = (width + 2 * ROUNDING_MS) / (median - ROUNDING_MS) + 0.0005
+    assert low <= float(row["spread"]) <= high, row
+    rate = batch * 1000 / median  # items/s are themselves rounded to 0.01
+    assert abs(float(row["items_per_second"]) - rate) <= (
+        rate * ROUNDING_MS / (median - ROUNDING_MS) + 0.005
+    ), row
+    assert float(row["memory_mb"]) >= 0, row  # growth of memory; a shrinking process is 0
+
+
+def _table(stdout: str) -> dict[tuple[str, str, str], tuple[str, str, bool]]:
+    """The printed table's +MB, runs and noisy flag by (batch, variant, precision)."""
+    table: dict[tuple[str, str, str], tuple[str, str, bool]] = {}
+    for line in stdout.splitlines():
+        cells = line.split()
+        if len(cells) in (9, 10) and cells[1] in ("handler", "model"):
+            table[cells[0], cells[1], cells[2]] = (cells[7], cells[8], cells[9:] == ["noisy"])
+    return table
 
 
 def test_profile_refuses_bad_arguments(tmp_path: Path) -> None:

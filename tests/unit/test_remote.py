@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import posixpath
+import socket
 import threading
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from urllib.parse import unquote
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from ferry.errors import InvalidRequest, UrlNotAllowed
 from ferry.store import remote
 from ferry.store.remote import fetch_archive, normalise_url
+from tests.fixtures.polling import HANG_GUARD
 
 ARCHIVE = b"not really a zip, but the download does not look inside" * 100
 SECRET = b"what the allow-list keeps out"
@@ -24,15 +27,26 @@ ANY_LOCAL = (r"http://127\.0\.0\.1:\d+/.*",)
 PUBLIC_ONLY = (r"http://127\.0\.0\.1:\d+/public/.*",)
 
 
+@dataclass
+class _Stall:
+    """The test's hold on ``/slow.mar``: its first half is sent, then ``sent`` is set and
+    nothing more comes until the test sets ``release``."""
+
+    sent: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
 class _ArchiveServer(http.server.BaseHTTPRequestHandler):
     """``/model.mar`` with a Content-Length; ``/streamed.mar`` without one (the cap must count);
-    ``/slow.mar`` stalls after a first chunk; ``/to-ftp.mar`` redirects to ftp; ``/secret.mar``
-    is what the allow-list must keep out; ``/public/*`` redirects as its name says.
+    ``/slow.mar`` stalls after its first half until the test releases it (``stall``);
+    ``/to-ftp.mar`` redirects to ftp; ``/secret.mar`` is what the allow-list must keep out;
+    ``/public/*`` redirects as its name says.
 
     Like most web servers, it routes by the percent-decoded path with dot-segments removed;
     ``requested`` records the paths exactly as clients sent them."""
 
     requested: list[str] = []
+    stall = _Stall()
 
     def do_GET(self) -> None:
         self.requested.append(self.path)
@@ -46,8 +60,7 @@ class _ArchiveServer(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self._answer(200, {"Connection": "close"}, ARCHIVE)
         elif path == "/slow.mar":
-            self._answer(200, {"Content-Length": str(2 * len(ARCHIVE))}, ARCHIVE)
-            time.sleep(1)
+            self._stalled()
         elif path == "/to-ftp.mar":
             self._redirect("ftp://127.0.0.1/model.mar")
         elif path == "/public/moved.mar":
@@ -58,6 +71,15 @@ class _ArchiveServer(http.server.BaseHTTPRequestHandler):
             self._redirect(f"http://localhost:{port}/public/model.mar")
         else:
             self._answer(404, {"Content-Length": "0"})
+
+    def _stalled(self) -> None:
+        stall = self.stall
+        self._answer(200, {"Content-Length": str(2 * len(ARCHIVE))}, ARCHIVE)
+        stall.sent.set()
+        stall.release.wait(HANG_GUARD)  # only turns a test that hangs into one that fails
+        with contextlib.suppress(OSError):  # the client may have hung up by now
+            self.wfile.write(ARCHIVE)
+            self.wfile.flush()
 
     def _redirect(self, location: str) -> None:
         self._answer(302, {"Location": location, "Content-Length": "0"})
@@ -83,6 +105,14 @@ def base_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}"
         server.shutdown()
         thread.join()
+
+
+@pytest.fixture
+def stall() -> Iterator[_Stall]:
+    """``/slow.mar``'s hold for this test; released at its end, whatever happened."""
+    _ArchiveServer.stall = held = _Stall()
+    yield held
+    held.release.set()
 
 
 def _fetch(url: str, store: Path, allowed: tuple[str, ...] = ANY_LOCAL) -> str:
@@ -208,8 +238,10 @@ def test_failed_downloads_leave_nothing(
 
 
 def test_an_unreachable_server_is_an_invalid_request(tmp_path: Path) -> None:
-    with pytest.raises(InvalidRequest, match="failed"):
-        _fetch("http://127.0.0.1:9/model.mar", tmp_path)
+    with socket.socket() as unused:  # bound, never listening: the connection is refused
+        unused.bind(("127.0.0.1", 0))
+        with pytest.raises(InvalidRequest, match="failed"):
+            _fetch(f"http://127.0.0.1:{unused.getsockname()[1]}/model.mar", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -226,8 +258,10 @@ def test_archives_over_the_size_cap_are_refused(
 
 
 def test_a_stalled_download_times_out(
-    base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stall: _Stall
 ) -> None:
+    """The server sends nothing more until the test ends: the read timeout is the only way
+    out, however long anything takes."""
     monkeypatch.setattr(remote, "READ_TIMEOUT_SECONDS", 0.2)
     with pytest.raises(InvalidRequest, match="timed out"):
         _fetch(f"{base_url}/slow.mar", tmp_path)
@@ -235,17 +269,40 @@ def test_a_stalled_download_times_out(
 
 
 def test_a_cancelled_download_removes_its_partial_file(
-    base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stall: _Stall
 ) -> None:
-    """The thread outlives the cancelled await; it must still clean up after itself."""
-    monkeypatch.setattr(remote, "READ_TIMEOUT_SECONDS", 0.5)
+    """The thread outlives the cancelled await; it must still clean up after itself. Told
+    that the await was abandoned, it gives up at its next chunk, although the rest of the
+    archive then comes and would complete the download."""
+    outcomes: list[BaseException | None] = []
+    finished = threading.Event()
+    download = remote._download
 
-    async def cancel_midway() -> None:
-        await asyncio.wait_for(fetch_archive(f"{base_url}/slow.mar", tmp_path, ANY_LOCAL), 0.1)
+    def watched(*args: Any) -> None:
+        try:
+            download(*args)
+            outcomes.append(None)
+        except BaseException as exc:
+            outcomes.append(exc)
+            raise
+        finally:
+            finished.set()
 
-    with pytest.raises(TimeoutError):
-        asyncio.run(cancel_midway())
-    deadline = time.monotonic() + 10
-    while list(tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    monkeypatch.setattr(remote, "_download", watched)
+
+    async def cancel_midway() -> list[str]:
+        fetch = asyncio.create_task(fetch_archive(f"{base_url}/slow.mar", tmp_path, ANY_LOCAL))
+        assert await asyncio.to_thread(stall.sent.wait, HANG_GUARD)  # half of it was sent
+        partial = [path.name for path in tmp_path.iterdir()]
+        fetch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fetch
+        stall.release.set()
+        return partial
+
+    partial = asyncio.run(cancel_midway())
+    assert len(partial) == 1 and partial[0].startswith(".download-")  # there was one
+    assert finished.wait(HANG_GUARD)
+    (outcome,) = outcomes
+    assert isinstance(outcome, InvalidRequest) and "was abandoned" in outcome.message
     assert list(tmp_path.iterdir()) == []
