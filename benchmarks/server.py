@@ -25,6 +25,11 @@ class BenchmarkServer:
     log_path: Path
     metrics_url: str = ""
     """The metrics API (Prometheus text at ``/metrics``)."""
+    management_url: str = ""
+    grpc_target: str = ""
+    """``HOST:PORT`` of the gRPC inference API (empty without grpcio)."""
+    pid: int = 0
+    """The frontend's process id."""
 
 
 @contextmanager
@@ -52,7 +57,15 @@ def ferry_server(
     try:
         _wait_ready(process, ready_file, log_path)
         urls = json.loads(ready_file.read_text())
-        yield BenchmarkServer(urls["inference"], log_path, urls.get("metrics", ""))
+        grpc_url = urls.get("grpc_inference", "")
+        yield BenchmarkServer(
+            urls["inference"],
+            log_path,
+            urls.get("metrics", ""),
+            urls.get("management", ""),
+            grpc_url.removeprefix("grpc://"),
+            process.pid,
+        )
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

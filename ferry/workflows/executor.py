@@ -9,7 +9,9 @@ How each node runs (a prediction on the model ``<workflow>__<node>``) is the cal
 - every node gets the client's headers;
 - a node starts once all its parents finished, so independent branches run concurrently;
 - a failing or slow attempt is tried again ``retry_attempts`` times, each attempt bounded
-  by ``timeout_ms``.
+  by ``timeout_ms``; but a start node that finds the client's own input invalid
+  (``InvalidInput``: a body it cannot decode) fails the request with it at once (400),
+  where TorchServe retries and answers 500: no attempt can decode it.
 
 One leaf answers with its bytes; several answer with ``{leaf: its output as a JSON object}``.
 """
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ferry.errors import HandlerFailed
+from ferry.errors import HandlerFailed, InvalidInput
 from ferry.protocols import untrusted_json
 from ferry.service_types import InputPart
 from ferry.workflows.spec import WorkflowSpec
@@ -113,7 +115,7 @@ class _Run:
     async def _node(self, node: str) -> bytes:
         parents = self.spec.parents(node)
         if not parents:
-            return await self._attempts(node, self.parts)
+            return await self._attempts(node, self.parts, client_input=True)
         parent_tasks = [self.tasks[parent] for parent in parents]
         # asyncio.wait, not gather: a child must not cancel a parent other children share.
         await asyncio.wait(parent_tasks)
@@ -127,7 +129,9 @@ class _Run:
             ]
         return await self._attempts(node, inputs)
 
-    async def _attempts(self, node: str, parts: list[InputPart]) -> bytes:
+    async def _attempts(
+        self, node: str, parts: list[InputPart], *, client_input: bool = False
+    ) -> bytes:
         settings = self.spec.node(node)
         attempts = settings.retry_attempts + 1
         reason = ""
@@ -137,6 +141,10 @@ class _Run:
                     self.predict_node(node, list(parts), dict(self.headers)),
                     settings.timeout_ms / 1000,
                 )
+            except InvalidInput as exc:  # no retry decodes the client's own body
+                if client_input:
+                    raise
+                reason = str(exc)
             except TimeoutError:
                 reason = f"no answer within {settings.timeout_ms} ms"
             except Exception as exc:  # TorchServe retries whatever went wrong

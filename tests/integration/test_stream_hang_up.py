@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from ferry.grpc.generated import ferry_torchserve_inference_pb2 as inference
+from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as inference_grpc
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.models import HANDLERS, write_config
 from tests.fixtures.polling import wait_until
@@ -32,9 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("hang-up")
     store = tmp / "store"
     store.mkdir()
-    with ferry_server(
-        store, [f"endless={_archive(store)}"], tmp, "--cancel-grace", "1"
-    ) as running:
+    with ferry_server(store, [f"endless={_archive(store)}"], tmp, "--cancel-grace", "1") as running:
         yield running
 
 
@@ -80,3 +81,17 @@ def test_a_handler_that_ignores_the_cancel_loses_its_worker(server: RunningServe
     _next_request_is_answered(server)
     assert _pid(server) != before
     assert "did not stop within 1s after its clients went away" in server.log()
+
+
+def test_a_grpc_stream_cancelled_by_its_client_stops_the_handler(server: RunningServer) -> None:
+    """TorchServe's ``StreamPredictions``: cancelling the call is the gRPC hang-up."""
+    before = _pid(server)
+    request = inference.PredictionsRequest(model_name="endless", input={"data": b"go on"})
+    with grpc.insecure_channel(server.grpc_url.removeprefix("grpc://")) as channel:
+        stub = inference_grpc.InferenceAPIsServiceStub(channel)  # type: ignore[no-untyped-call]
+        stream = stub.StreamPredictions(request, timeout=60)
+        parts = [next(stream).prediction for _ in range(3)]
+        stream.cancel()
+    assert parts == [b"token1 ", b"token2 ", b"token3 "]
+    _next_request_is_answered(server)
+    assert _pid(server) == before

@@ -230,3 +230,19 @@ def test_a_war_past_max_unpacked_size_is_refused_as_a_mar_is(
     assert assert_error(as_mar, 400, "InvalidModelException") == f"padded.mar {limit}"
     assert listed == {"workflows": []}
     assert list(unpacking.rglob("padding.bin")) == []
+
+
+def test_a_body_nested_too_deeply_is_400_and_no_node_dies(
+    server: RunningServer, pipeline: str
+) -> None:
+    """Issue 29: JSON nested 100,000 deep killed the first node's worker, twice (retried)."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with server.client() as client:
+        response = client.post(
+            f"/wfpredict/{pipeline}", content=deep, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400, response.text
+        assert "nested too deeply" in response.text
+        honest = client.post(f"/wfpredict/{pipeline}", content=b"[1, 2]")
+    assert honest.json() == {"double": [4.0, 6.0], "decuple": [20.0, 30.0]}
+    assert "died" not in server.log()
