@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import threading
-from typing import BinaryIO
 
 from ferry.worker import codec, log_forward
 from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
@@ -35,20 +34,6 @@ from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import configure_torch
 
 log = logging.getLogger("ferry.worker")
-
-
-def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
-    data = stream.read(size)
-    return data if data is not None and len(data) == size else None
-
-
-def read_message(stream: BinaryIO) -> Message | None:
-    """The next message, or None when the frontend has gone."""
-    header = _read_exact(stream, codec.FRAME_HEADER.size)
-    if header is None:
-        return None
-    payload = _read_exact(stream, codec.frame_length(header))
-    return None if payload is None else codec.decode(payload)
 
 
 class FrameSender:
@@ -91,9 +76,7 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
     return "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
 
 
-def serve(
-    sock: socket.socket, reader: BinaryIO, spec: WorkerSpec, place_helpers: bool = False
-) -> int:
+def serve(sock: socket.socket, inbox: Inbox, spec: WorkerSpec, place_helpers: bool = False) -> int:
     send = FrameSender(sock)
     threads_before = threads_before_load() if place_helpers else None
     try:
@@ -105,8 +88,6 @@ def serve(
     if place_helpers:
         install(helper_placement(threads_before))
     send(WorkerReady(os.getpid(), device))
-    inbox = Inbox(reader, read_message)
-    inbox.start()
     while (message := inbox.next_batch()) is not None:
         with handler_thread_work():
             answer = runner.run(message, inbox.is_cancelled)
@@ -120,9 +101,9 @@ def serve(
     return 0
 
 
-def read_spec(reader: BinaryIO) -> WorkerSpec | None:
+def read_spec(inbox: Inbox) -> WorkerSpec | None:
     """The first frame: the worker's spec (None when the frontend went away first)."""
-    message = read_message(reader)
+    message = inbox.next_message()
     if message is None:
         return None
     if not isinstance(message, StartWorker):
@@ -140,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     # traceback and request ids, prefixed with the model, worker and time.
     log_forward.install(logging.INFO)
     with socket.socket(fileno=args.fd) as sock:
-        reader = sock.makefile("rb")
-        spec = read_spec(reader)
+        inbox = Inbox(sock)
+        spec = read_spec(inbox)
         if spec is None:
             return 1
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
         # Threads pinned, by Ferry or by the user's own OpenMP binding, stay where they are.
         leave_threads = forget_pinning() is not None or user_pins_threads(os.environ)
-        return serve(sock, reader, spec, place_helpers=not leave_threads)
+        return serve(sock, inbox, spec, place_helpers=not leave_threads)
 
 
 if __name__ == "__main__":
