@@ -7,12 +7,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.models import HANDLERS, digest_archive, write_config
+from tests.fixtures.models import digest_archive, handler_archive
 from tests.fixtures.responses import assert_error
 from tests.fixtures.server import RunningServer, ferry_server, worker_pid
 
@@ -22,17 +20,6 @@ MAX_ELEMENTS = 4096
 JSON = {"content-type": "application/json"}
 
 
-def _tensor_archive(store: Path) -> str:
-    scratch = store.parent / "tensors-src"
-    scratch.mkdir(exist_ok=True)
-    spec = ArchiveSpec(
-        model_name="tensors",
-        handler=str(HANDLERS / "v2_tensor_handler.py"),
-        config_file=write_config(scratch, {"minWorkers": 1, "batchSize": 1}),
-    )
-    return write_archive(spec, store, force=True).name
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("hostile-bodies")
@@ -40,7 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     store.mkdir()
     models = [
         f"digest={digest_archive(store, 'digest', batchSize=8, maxBatchDelay=200)}",
-        f"tensors={_tensor_archive(store)}",
+        f"tensors={handler_archive(store, 'tensors', 'v2_tensor_handler.py', batchSize=1)}",
     ]
     limit = ["--max-tensor-elements", str(MAX_ELEMENTS)]
     with ferry_server(store, models, tmp, *limit) as running:

@@ -6,28 +6,15 @@ would wait for ever."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as inference
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as inference_grpc
-from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.models import HANDLERS, write_config
+from tests.fixtures.models import handler_archive
 from tests.fixtures.polling import wait_until
 from tests.fixtures.server import RunningServer, ferry_server
-
-
-def _archive(store: Path) -> str:
-    scratch = store.parent / "endless-src"
-    scratch.mkdir(exist_ok=True)
-    spec = ArchiveSpec(
-        model_name="endless",
-        handler=str(HANDLERS / "endless_streaming_handler.py"),
-        config_file=write_config(scratch, {"minWorkers": 1, "batchSize": 1}),
-    )
-    return write_archive(spec, store, force=True).name
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +22,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("hang-up")
     store = tmp / "store"
     store.mkdir()
-    with ferry_server(store, [f"endless={_archive(store)}"], tmp, "--cancel-grace", "1") as running:
+    archive = handler_archive(store, "endless", "endless_streaming_handler.py", batchSize=1)
+    with ferry_server(store, [f"endless={archive}"], tmp, "--cancel-grace", "1") as running:
         yield running
 
 

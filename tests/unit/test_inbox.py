@@ -14,6 +14,7 @@ from ferry.worker.inbox import Inbox
 from ferry.worker.messages import (
     CancelRequests,
     InputPart,
+    Message,
     PredictBatch,
     RequestItem,
     StartWorker,
@@ -36,7 +37,7 @@ def test_batches_come_in_order_and_cancellations_are_noted_on_the_way(
     pair: tuple[socket.socket, Inbox],
 ) -> None:
     frontend, inbox = pair
-    frames = [_batch(1), CancelRequests(1, ["r1"]), _batch(2)]
+    frames: list[Message] = [_batch(1), CancelRequests(1, ["r1"]), _batch(2)]
     frontend.sendall(b"".join(codec.encode(frame) for frame in frames))
     assert inbox.next_batch() == _batch(1)
     assert inbox.next_batch() == _batch(2)
