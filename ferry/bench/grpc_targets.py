@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from ferry.bench.targets import (
+from ferry.bench.target_types import (
     REQUEST_TIMEOUT_S,
     Answer,
     GrpcCall,

@@ -20,7 +20,8 @@ from typing import Any
 
 from ferry.bench.arrivals import bursty_offsets, poisson_offsets, step_offsets
 from ferry.bench.stats import percentile
-from ferry.bench.targets import NoAnswer, Target, TargetSpec, open_target
+from ferry.bench.target_types import NoAnswer, Target, TargetSpec
+from ferry.bench.targets import open_target
 
 MAX_IN_FLIGHT = 10_000
 """Open loop: beyond this many unanswered requests, arrivals are counted as dropped."""

@@ -16,7 +16,7 @@ from ferry.bench.limit import bounds, cost_function, simulate
 from ferry.bench.limit_run import batch_sizes_up_to
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.load_report import load_summary
-from ferry.bench.targets import Answer
+from ferry.bench.target_types import Answer
 
 
 def test_periodic_arrivals_slower_than_service_are_never_queued() -> None:
@@ -131,11 +131,11 @@ def _arguments(**given: object) -> argparse.Namespace:
 
 
 def test_load_arguments_make_one_spec_per_rate() -> None:
-    from ferry.cli.bench import _load_specs
+    from ferry.bench.commands.load import load_specs
 
-    specs = _load_specs(_arguments(rate="50,100", bursts="1,2"), [b"x"])
+    specs = load_specs(_arguments(rate="50,100", bursts="1,2"), [b"x"])
     assert [s.rate for s in specs] == [50.0, 100.0] and specs[0].bursts == (1.0, 2.0)
-    stepped = _load_specs(_arguments(steps="10:1,20:2", duration=None), [b"x"])
+    stepped = load_specs(_arguments(steps="10:1,20:2", duration=None), [b"x"])
     assert stepped[0].steps == ((10.0, 1.0), (20.0, 2.0))
     for given, words in (
         ({"rate": "50,x"}, "comma-separated numbers"),
@@ -146,4 +146,4 @@ def test_load_arguments_make_one_spec_per_rate() -> None:
         ({"concurrency": 4, "duration": None}, "--requests or --duration"),
     ):
         with pytest.raises(ValueError, match=words):
-            _load_specs(_arguments(**given), [b"x"])
+            load_specs(_arguments(**given), [b"x"])

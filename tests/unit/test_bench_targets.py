@@ -14,15 +14,8 @@ import pytest
 
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.load_report import format_summary, load_summary
-from ferry.bench.targets import (
-    Answer,
-    GrpcCall,
-    NoAnswer,
-    UnsupportedTarget,
-    check_url,
-    grpc_call,
-    open_target,
-)
+from ferry.bench.target_types import Answer, GrpcCall, NoAnswer, TargetSpec, UnsupportedTarget
+from ferry.bench.targets import check_url, grpc_call, open_target
 
 
 @pytest.mark.parametrize(
@@ -54,8 +47,6 @@ def test_urls_no_target_speaks_are_refused_with_the_reason(url: str, words: str)
 
 
 def test_no_payloads_is_refused() -> None:
-    from ferry.bench.targets import TargetSpec
-
     with pytest.raises(UnsupportedTarget, match="no payloads"):
         open_target(TargetSpec("http://h:1/predictions/m", []))
 
@@ -178,3 +169,32 @@ def test_a_v2_json_request_becomes_the_same_tensors_over_grpc() -> None:
     assert handed["inputs"][3]["data"] == ["aGk="]  # gRPC BYTES reach handlers as base64
     assert converted["image"] == [["input-0", "BYTES", [1]]]
     assert converted["image_bytes"] == ["\x89PNG"]
+
+
+_IMPORTS = """
+import sys
+import ferry.bench.load, ferry.bench.targets
+print(",".join(sorted(m for m in sys.modules if m == "grpc" or m.startswith("ferry.bench."))))
+"""
+
+
+def test_opening_no_grpc_target_imports_neither_grpcio_nor_the_grpc_targets() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.strip().split(","))
+    assert "ferry.bench.target_types" in loaded and "ferry.bench.http_target" in loaded
+    assert not loaded & {"grpc", "ferry.bench.grpc_targets"}
+
+
+def test_the_target_types_import_no_target() -> None:
+    import ast
+    from pathlib import Path
+
+    import ferry.bench.target_types as types
+
+    tree = ast.parse(Path(types.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("ferry")}

@@ -139,7 +139,7 @@ def test_the_server_imports_only_base_dependencies() -> None:
 def test_bench_imports_only_base_and_bench_dependencies() -> None:
     base, extras = _declared()
     grpc_targets = PACKAGE / "bench" / "grpc_targets.py"  # reached only once grpc imports
-    bench = [PACKAGE / "cli" / "bench.py", *sorted((PACKAGE / "bench").glob("*.py"))]
+    bench = [PACKAGE / "cli" / "bench.py", *sorted((PACKAGE / "bench").rglob("*.py"))]
     bench.remove(grpc_targets)
     assert _undeclared(bench, base | extras.get("bench", set())) == []
     assert _undeclared([grpc_targets], base | extras["bench"] | extras["grpc"]) == []
