@@ -116,6 +116,9 @@ class InFlight:
         for job in jobs:
             self._jobs[id(job)] = job
 
+    def holds(self, job: Job) -> bool:
+        return id(job) in self._jobs
+
     def discard(self, job: Job) -> bool:
         """Forget ``job``; False if it was not held."""
         return self._jobs.pop(id(job), None) is not None
@@ -162,6 +165,11 @@ class Lane:
         first = size not in self.sizes_run
         self.sizes_run.add(size)
         return first
+
+    def started_count(self) -> int:
+        """How many requests of the batch the worker was working on it still holds."""
+        head = self.pending[0].jobs if self.pending else []
+        return sum(1 for job in head if self.held.holds(job))
 
     def started_and_waiting(self) -> tuple[list[Job], list[Job]]:
         """The requests of the batch the worker was working on, and all others it held
@@ -218,52 +226,56 @@ class Dispatcher:
         try:
             return await self._feed(worker, retire, on_busy, lane, recycle)
         except asyncio.CancelledError:
-            for job in lane.held.pop_all():
-                job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
+            self._shutting_down(lane.held.pop_all())
             raise
         except TimeoutError:
-            reason = self._overdue(lane.pending[0]) if lane.pending else "timed out"
-            started, waiting = lane.started_and_waiting()
-            log.error(
-                "%s worker pid %s %s holding %d requests; killing it",
-                self.name,
-                worker.info.pid,
-                reason,
-                len(started),
-            )
-            error: FerryError = ResponseTimeout(f"model {self.name} {reason}")
+            error, lone_is_culprit = self._timed_out(worker, lane), True
         except WorkerGone:
-            started, waiting = lane.started_and_waiting()
-            log.error(
-                "%s worker pid %s died holding %d requests",
-                self.name,
-                worker.info.pid,
-                len(started),
-            )
-            error = self._died()
-            try:
-                external = await self._killed_from_outside(worker)
-            except asyncio.CancelledError:
-                for job in started + waiting:
-                    job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
-                raise
-            if external:
-                # SIGKILL or SIGTERM from outside (an operator, the OOM killer): the batch
-                # need not be the cause, so even a lone request gets its one retry.
-                self._isolate_or_fail(started, error, lone_is_culprit=False)
-                self._requeue_unstarted(waiting, error)
-                return ServeEnd.FAILED
+            error, lone_is_culprit = await self._gone(worker, lane)
         except Exception:
             # A garbled frame, a mismatched protocol version or a bug in delivery: the
             # worker's state is unknown, so it goes, and what it held is retried.
             log.exception(
                 "%s worker pid %s broke the exchange; replacing it", self.name, worker.info.pid
             )
-            started, waiting = lane.started_and_waiting()
-            error = self._died()
-        self._isolate_or_fail(started, error)
+            error, lone_is_culprit = self._died(), True
+        started, waiting = lane.started_and_waiting()
+        self._isolate_or_fail(started, error, lone_is_culprit=lone_is_culprit)
         self._requeue_unstarted(waiting, error)
         return ServeEnd.FAILED
+
+    def _timed_out(self, worker: WorkerHandle, lane: Lane) -> FerryError:
+        reason = self._overdue(lane.pending[0]) if lane.pending else "timed out"
+        log.error(
+            "%s worker pid %s %s holding %d requests; killing it",
+            self.name,
+            worker.info.pid,
+            reason,
+            lane.started_count(),
+        )
+        return ResponseTimeout(f"model {self.name} {reason}")
+
+    async def _gone(self, worker: WorkerHandle, lane: Lane) -> tuple[FerryError, bool]:
+        """The error for what a dead worker held, and whether a lone request is taken
+        for the culprit: not when the worker was killed from outside (SIGKILL or SIGTERM
+        from an operator or the OOM killer), where the batch need not be the cause, so
+        even a lone request gets its one retry."""
+        log.error(
+            "%s worker pid %s died holding %d requests",
+            self.name,
+            worker.info.pid,
+            lane.started_count(),
+        )
+        try:
+            external = await self._killed_from_outside(worker)
+        except asyncio.CancelledError:
+            self._shutting_down(lane.held.pop_all())
+            raise
+        return self._died(), not external
+
+    def _shutting_down(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
 
     async def _feed(
         self,

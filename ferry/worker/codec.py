@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -74,44 +75,62 @@ def decode(payload: bytes) -> Message:
         raise ProtocolError(f"undecodable frame: {exc}") from exc
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
+    build = _BUILDERS.get(kind) if isinstance(kind, int) else None
+    if build is None:
+        raise ProtocolError(f"unknown message kind {kind}")
     try:
-        if kind == _PREDICT:
-            batch_id, items = fields
-            return PredictBatch(
-                batch_id,
-                [
-                    RequestItem(rid, headers, [InputPart(*part) for part in parts])
-                    for rid, headers, parts in items
-                ],
-            )
-        if kind == _RESULT:
-            batch_id, results, handler_ms, metrics, stage_ms = fields
-            return BatchResult(
-                batch_id,
-                [ItemResult(*r) for r in results],
-                handler_ms,
-                [HandlerMetricValue(*m) for m in metrics],
-                stage_ms,
-            )
-        if kind == _PARTIAL:
-            return PartialResult(*fields)
-        if kind == _CANCEL:
-            batch_id, request_ids = fields
-            if not isinstance(request_ids, list):
-                raise TypeError("request_ids must be a list")
-            return CancelRequests(batch_id, request_ids)
-        if kind == _READY:
-            return WorkerReady(*fields)
-        if kind == _LOAD_FAILED:
-            return WorkerLoadFailed(*fields)
-        if kind == _START:
-            (spec,) = fields
-            if not isinstance(spec, dict):
-                raise TypeError("the spec must be a mapping")
-            return StartWorker(spec)
+        return build(fields)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed message of kind {kind}: {exc}") from exc
-    raise ProtocolError(f"unknown message kind {kind}")
+
+
+def _predict_batch(fields: list[Any]) -> PredictBatch:
+    batch_id, items = fields
+    return PredictBatch(
+        batch_id,
+        [
+            RequestItem(rid, headers, [InputPart(*part) for part in parts])
+            for rid, headers, parts in items
+        ],
+    )
+
+
+def _batch_result(fields: list[Any]) -> BatchResult:
+    batch_id, results, handler_ms, metrics, stage_ms = fields
+    return BatchResult(
+        batch_id,
+        [ItemResult(*r) for r in results],
+        handler_ms,
+        [HandlerMetricValue(*m) for m in metrics],
+        stage_ms,
+    )
+
+
+def _cancel_requests(fields: list[Any]) -> CancelRequests:
+    batch_id, request_ids = fields
+    if not isinstance(request_ids, list):
+        raise TypeError("request_ids must be a list")
+    return CancelRequests(batch_id, request_ids)
+
+
+def _start_worker(fields: list[Any]) -> StartWorker:
+    (spec,) = fields
+    if not isinstance(spec, dict):
+        raise TypeError("the spec must be a mapping")
+    return StartWorker(spec)
+
+
+_BUILDERS: dict[int, Callable[[list[Any]], Message]] = {
+    _PREDICT: _predict_batch,
+    _RESULT: _batch_result,
+    _PARTIAL: lambda fields: PartialResult(*fields),
+    _CANCEL: _cancel_requests,
+    _READY: lambda fields: WorkerReady(*fields),
+    _LOAD_FAILED: lambda fields: WorkerLoadFailed(*fields),
+    _START: _start_worker,
+}
+"""Each message kind's fields back into its message (``TypeError`` / ``ValueError`` when
+they do not fit)."""
 
 
 def frame_length(header: bytes) -> int:

@@ -7,9 +7,11 @@ from ferry.worker import codec
 from ferry.worker.messages import (
     PROTOCOL_VERSION,
     BatchResult,
+    CancelRequests,
     HandlerMetricValue,
     InputPart,
     ItemResult,
+    PartialResult,
     PredictBatch,
     RequestItem,
     StartWorker,
@@ -30,6 +32,8 @@ MESSAGES = [
         1.5,
         [HandlerMetricValue("HandlerTime", 3.5, "ms", "time", {"Level": "Model"})],
     ),
+    PartialResult(7, "r1", b"part", "text/plain", 200),
+    CancelRequests(7, ["r1", "r2"]),
     WorkerReady(1234, "cpu"),
     WorkerLoadFailed("boom"),
     StartWorker({"model_name": "m", "model_yaml_config": {"k": [1, 2.5, None]}}),
@@ -59,3 +63,7 @@ def test_garbage_and_unknown_kinds_are_refused() -> None:
         codec.decode(msgpack.packb([PROTOCOL_VERSION, 3, "only-one-field"]))
     with pytest.raises(codec.ProtocolError, match="malformed"):
         codec.decode(msgpack.packb([PROTOCOL_VERSION, 5, "not-a-mapping"]))
+    with pytest.raises(codec.ProtocolError, match="malformed"):
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, 7, 1, "not-a-list"]))
+    with pytest.raises(codec.ProtocolError, match="unknown message kind"):
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, [1], "a kind that is no number"]))
