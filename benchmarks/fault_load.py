@@ -137,9 +137,10 @@ def worker_pid(server: BenchmarkServer, model: str, wait: float = 120.0) -> int:
         time.sleep(0.1)  # polling the management API while the worker starts
 
 
-def rss_mib(pid: int) -> float:
+def status_mib(pid: int, field: str = "VmRSS") -> float:
+    """A memory figure of ``/proc/PID/status`` (``VmRSS`` now, ``VmHWM`` at its peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -179,7 +180,7 @@ async def run(server: BenchmarkServer, args: argparse.Namespace, workload: Workl
         # Warm-up: a few hundred requests per client before memory is read.
         warm = time.monotonic() + args.warmup
         await asyncio.gather(*(load(c, Tally(), warm) for c in clients))
-        before = (rss_mib(server.pid), rss_mib(worker_pid(server, workload.model)))
+        before = (status_mib(server.pid), status_mib(worker_pid(server, workload.model)))
         start = time.monotonic()
         deadline = start + args.seconds
         tallies = {c.name.split(" #")[0]: Tally() for c in clients}
@@ -192,7 +193,7 @@ async def run(server: BenchmarkServer, args: argparse.Namespace, workload: Workl
             kill_workers(server, workload.model, kill_times, killed),
         )
         seconds = time.monotonic() - start
-        after = (rss_mib(server.pid), rss_mib(worker_pid(server, workload.model)))
+        after = (status_mib(server.pid), status_mib(worker_pid(server, workload.model)))
         return Outcome(tallies, poisons, killed, before, after, seconds)
     finally:
         for client in clients:

@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, machine_description, publish
-from benchmarks.fault_load import revision
+from benchmarks.fault_load import revision, status_mib, worker_pid
 from benchmarks.server import BenchmarkServer, ferry_server
 from ferry.config.settings import ServerSettings
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -66,16 +66,9 @@ def request(elements: int) -> tuple[bytes, dict[str, str]]:
     return header + b"\x01" * elements, headers
 
 
-def peak_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def worker_pid(server: BenchmarkServer) -> int:
-    answer = httpx.get(f"{server.management_url}/models/count", timeout=60).json()
-    return int(answer[0]["workers"][0]["pid"])
+def peaks(frontend: int, worker: int) -> tuple[float, float]:
+    """Each process's peak resident memory so far, in MiB."""
+    return status_mib(frontend, "VmHWM"), status_mib(worker, "VmHWM")
 
 
 def send(server: BenchmarkServer, body: bytes, headers: dict[str, str], expected: int) -> None:
@@ -105,10 +98,10 @@ def main() -> None:
         store = tmp / "store"
         store.mkdir()
         with ferry_server(store, [f"count={counting_archive(store)}"], tmp, *flags) as server:
-            worker = worker_pid(server)
-            rows.append(("before any request", peak_mib(server.pid), peak_mib(worker)))
+            worker = worker_pid(server, "count")
+            rows.append(("before any request", *peaks(server.pid, worker)))
             send(server, body, headers, args.elements)
-            rows.append(("after one request", peak_mib(server.pid), peak_mib(worker)))
+            rows.append(("after one request", *peaks(server.pid, worker)))
             with ThreadPoolExecutor(args.concurrency) as pool:
                 sends = [
                     pool.submit(send, server, body, headers, args.elements)
@@ -117,7 +110,7 @@ def main() -> None:
                 for sent in sends:
                     sent.result()
             label = f"after {args.concurrency} at once"
-            rows.append((label, peak_mib(server.pid), peak_mib(worker)))
+            rows.append((label, *peaks(server.pid, worker)))
     lines = [
         "# Memory a large binary V2 tensor costs",
         "",
