@@ -23,7 +23,7 @@ from examples.demo.shapes import LABELS, draw_shape, encode
 from examples.models.resnet import resnet18
 from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.config.settings import available_cores
-from ferry.handlers.context import Context
+from ferry.handlers.contract.context import Context
 from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.loading import load_handler

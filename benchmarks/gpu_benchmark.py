@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import alternating_rounds, jpeg_inputs, machine_description, publish
 from benchmarks.server import ferry_server
 from examples.models.resnet import resnet18, resnet50
-from ferry.handlers.gpu_decode import load_gpu_jpeg_decoder
-from ferry.handlers.model_loading import load_model
-from ferry.handlers.optimize import Optimizations, optimize_model, prepare_input
+from ferry.handlers.builtin.gpu_decode import load_gpu_jpeg_decoder
+from ferry.handlers.builtin.model_loading import load_model
+from ferry.handlers.builtin.optimize import Optimizations, optimize_model, prepare_input
 from ferry.store.writer import ArchiveSpec, write_archive
 
 HANDLERS = Path(__file__).resolve().parent / "handlers"

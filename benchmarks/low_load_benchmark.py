@@ -48,7 +48,8 @@ from benchmarks.common import (
 )
 from benchmarks.server import ferry_server
 from ferry.config.settings import available_cores, threads_per_worker
-from ferry.worker.torch_setup import configure_torch, worker_environment
+from ferry.wire.environment import worker_environment
+from ferry.worker.torch_setup import configure_torch
 
 BATCH, DELAY_MS = 8, 50
 MODES = ("offline", "served", "pinned", "noop")

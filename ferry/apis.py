@@ -1,13 +1,25 @@
-"""What the transports serve: the transport-neutral model service and the workflows built
-over it. The composition root (``ferry.server``) makes one of each and hands both to every
+"""What the transports serve, and the one place it is assembled: the transport-neutral
+model service and the workflows built over it, with workers as local processes.
+``ferry serve`` (``ferry.server``) and each replica of ``ferry serve --ray``
+(``ferry.ray_serve.replica``) build theirs with ``Apis.local`` and hand it to every
 listener."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from dataclasses import dataclass
 
+from ferry.config.settings import ServerSettings, available_cores
+from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService
+from ferry.wire.environment import USER_AFFINITY, user_pins_threads
+from ferry.worker_handles.core_allocation import CoreAllocator
+from ferry.worker_handles.handle import WorkerFactory
 from ferry.workflows.manager import WorkflowManager
+
+log = logging.getLogger("ferry.service")
 
 
 @dataclass(frozen=True)
@@ -19,7 +31,48 @@ class Apis:
     def over(cls, service: FerryService) -> Apis:
         return cls(service, WorkflowManager(service))
 
+    @classmethod
+    def local(cls, settings: ServerSettings, cores: int | None = None) -> Apis:
+        """The service with its workers as processes on this machine. ``cores``: those its
+        workers share (default: every one this process may use; a Ray replica passes the
+        CPUs Ray gave it)."""
+        pinned = pinned_cores(settings.cpu_pinning, cores)
+        machine = Machine(cores or available_cores(), usable_gpus(settings.number_of_gpu), pinned)
+        return cls.over(FerryService(settings, local_workers(pinned), machine))
+
     async def close(self) -> None:
         """Workflows first (they free their files), then the service stops every worker."""
         await self.workflows.close()
         await self.service.close()
+
+
+def usable_gpus(limit: int | None) -> int:
+    """The GPUs torch sees, at most ``number_of_gpu`` of them."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return visible if limit is None else min(visible, limit)
+
+
+def pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
+    """The cores workers claim with ``cpu_pinning``; None when Ferry pins nothing."""
+    if not pin:
+        return None
+    if shared_cores is not None:
+        log.warning("cpu_pinning ignored: this server shares its machine's cores (Ray)")
+        return None
+    if user_pins_threads(os.environ):  # theirs stands; each worker keeps its usual share
+        names = ", ".join(USER_AFFINITY)
+        log.warning("cpu_pinning ignored: threads are bound as one of %s says", names)
+        return None
+    return CoreAllocator(os.sched_getaffinity(0))
+
+
+def local_workers(pinned: CoreAllocator | None) -> WorkerFactory:
+    """Workers as local processes; with ``pinned``, each one's torch threads on cores of
+    its own among them (``ferry.worker_handles.core_allocation``)."""
+    from ferry.worker_handles.process import WorkerProcess
+
+    if pinned is None:
+        return WorkerProcess.start
+    return functools.partial(WorkerProcess.start, cores=pinned)

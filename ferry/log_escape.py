@@ -107,7 +107,7 @@ def install() -> None:
     A process-wide hook, on purpose: a record reaches handlers that Ferry does not own
     (uvicorn configures its own, ``--log-config`` replaces Ferry's), and the factory is the
     one place every record passes. Only the server's process calls it: a worker's records
-    are the handler's, relayed as written (``ferry.worker.output_relay``)."""
+    are the handler's, relayed as written (``ferry.worker_handles.output_relay``)."""
     factory = logging.getLogRecordFactory()
     if not isinstance(factory, EscapingRecordFactory):
         logging.setLogRecordFactory(EscapingRecordFactory(factory))

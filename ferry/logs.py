@@ -24,7 +24,7 @@ from ferry import log_escape
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 ACCESS_LOGGER = "ferry.access"
-MODEL_LOGGER = "ferry.worker.output"  # ferry.worker.output_relay.OUTPUT_LOGGER
+MODEL_LOGGER = "ferry.worker.output"  # ferry.worker_handles.output_relay.OUTPUT_LOGGER
 LOG_FILES = {
     "ts_log.log": None,  # everything the two below do not take
     "access_log.log": ACCESS_LOGGER,

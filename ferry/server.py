@@ -183,7 +183,7 @@ async def run_server(settings: ServerSettings) -> int:
     Raises ``ConfigError`` for the exit-2 cases, after cleaning up."""
     stop = _StopSignals()
     stop.install(asyncio.get_running_loop())
-    apis = Apis.over(FerryService(settings))
+    apis = Apis.local(settings)
     service = apis.service
     listeners: list[Listener] = []
     serving: list[asyncio.Task[None]] = []

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ferry.handlers.image_classifier import ImageClassifier
+from ferry.handlers.builtin.image_classifier import ImageClassifier
 
 SHAPE = (3, 224, 224)
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from examples.demo.model import ShapesNet
 from examples.demo.shapes import IMAGE_SIZE, LABELS, draw_shape, write_samples
-from ferry.handlers.vision import ImageTransform
+from ferry.handlers.builtin.vision import ImageTransform
 from ferry.store.writer import ArchiveSpec, write_archive
 
 HERE = Path(__file__).parent

@@ -1,10 +1,7 @@
 """Import shims for handlers written for TorchServe.
 
-This folder is put on ``sys.path`` inside Ferry's worker processes only (and only when no
-real ``ts`` package is installed), so ``import ts.torch_handler.base_handler`` works there
-without Ferry installing a top-level ``ts`` package into the user's environment.
+This folder (``ferry.worker.loading.SHIM_ROOT``) is put on ``sys.path`` inside Ferry's
+worker processes only (and only when no real ``ts`` package is installed), so
+``import ts.torch_handler.base_handler`` works there without Ferry installing a top-level
+``ts`` package into the user's environment.
 """
-
-from pathlib import Path
-
-SHIM_ROOT = Path(__file__).parent

@@ -135,7 +135,7 @@ def profile_costs(spec: LimitSpec, work: Path, say: Say) -> dict[int, dict[str, 
     ``ferry bench profile`` measures them in a process started as a worker is (its
     environment, its share of the cores as torch threads): the costs are a worker's."""
     from ferry.config.settings import available_cores, threads_per_worker
-    from ferry.worker.torch_setup import worker_environment
+    from ferry.wire.environment import worker_environment
 
     out = work / "profile"
     sizes = batch_sizes_up_to(spec.batch_size)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from ferry.bench.stats import percentile
-from ferry.handlers.context import Context
-from ferry.handlers.optimize import Optimizations
+from ferry.handlers.builtin.optimize import Optimizations
+from ferry.handlers.contract.context import Context
 from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
 from ferry.worker import loading

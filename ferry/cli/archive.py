@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.errors import ArchiveError
-from ferry.handlers.loader import BUILTIN_HANDLERS
+from ferry.handlers.contract.loader import BUILTIN_HANDLERS
 from ferry.store.writer import ARCHIVE_FORMATS, RUNTIMES, ArchiveSpec, check_spec, write_archive
 
 _FORMAT_HELP = (

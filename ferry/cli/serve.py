@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ferry.logs import apply_log_config, configure_logging
     from ferry.server import run_server
-    from ferry.snapshots import restore_snapshot
+    from ferry.service.snapshots import restore_snapshot
 
     settings = settings_from_args(args)
     configure_logging(settings.log_format, settings.log_level, settings.log_location)

@@ -2,7 +2,7 @@
 
 Pure data: the frontend builds it from the settings (``limit_max_image_pixels``,
 ``allowed_image_formats``) and each worker gets it in its ``WorkerSpec``; the handlers'
-decoding (``ferry.handlers.vision``) asks ``refusal`` before decoding a pixel.
+decoding (``ferry.handlers.builtin.vision``) asks ``refusal`` before decoding a pixel.
 """
 
 from __future__ import annotations

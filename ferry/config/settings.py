@@ -227,7 +227,7 @@ class ServerSettings:
     uses ``logs`` when unset."""
     config_snapshots: bool = True
     """Keep model snapshots in ``<log_location>/config/`` and restore the latest at a start
-    without ``--models`` (``ferry.snapshots``); none without ``log_location``. ``--ncs``
+    without ``--models`` (``ferry.service.snapshots``); none without ``log_location``. ``--ncs``
     turns them off."""
     ready_file: Path | None = None
     """If set, a JSON file with the bound addresses is written here once models are loaded."""

@@ -36,7 +36,7 @@ from ferry.grpc.generated import ferry_open_inference_pb2 as pb
 from ferry.grpc.generated import ferry_open_inference_pb2_grpc as pb_grpc
 from ferry.protocols import v2
 from ferry.service import FerryService
-from ferry.service_types import InputPart, TensorSpec
+from ferry.service.types import InputPart, TensorSpec
 
 SERVICE = "inference.GRPCInferenceService"
 EXTENSIONS = ["model_repository"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from ferry.errors import InvalidInput
 from ferry.protocols import v2
-from ferry.service_types import RegisterRequest
+from ferry.service.types import RegisterRequest
 
 CONTENTS: dict[str, str] = {
     "BOOL": "bool_contents",

@@ -26,7 +26,7 @@ from ferry.grpc.errors import PREDICTION_CODES, error_code
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as pb_grpc
 from ferry.service import FerryService
-from ferry.service_types import InputPart, Prediction, PredictionPart
+from ferry.service.types import InputPart, Prediction, PredictionPart
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"

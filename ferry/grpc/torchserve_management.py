@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Never
 from grpc import aio
 
 from ferry.apis import Apis
-
-# The describe document is TorchServe's REST one; it lives with the REST adapter for now.
-from ferry.describe import add_customized, model_json
 from ferry.errors import FerryError, InvalidRequest
 from ferry.grpc.errors import CUSTOMIZED_DESCRIBE_CODES, NO_OVERRIDES, Overrides, error_code
 from ferry.grpc.generated import ferry_torchserve_management_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_management_pb2_grpc as pb_grpc
+
+# The describe document is TorchServe's REST one; it lives with the REST adapter for now.
+from ferry.protocols.describe import add_customized, model_json
 from ferry.service import FerryService
-from ferry.service_types import RegisterRequest
+from ferry.service.types import RegisterRequest
 
 if TYPE_CHECKING:  # generic only in the stubs
     Context = aio.ServicerContext[Any, Any]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable
+from typing import Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -14,7 +16,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ferry.errors import FerryError
-from ferry.http.errors import Endpoint, ExceptionHandler, error_response, exception_handlers
+from ferry.http.errors import (
+    Endpoint,
+    ExceptionHandler,
+    StatusRecorder,
+    error_response,
+    exception_handlers,
+)
 from ferry.http.hang_up import on_hang_up
 from ferry.http.kserve import kserve_routes
 from ferry.http.openapi import description_routes, inference_description
@@ -24,7 +32,7 @@ from ferry.http.workflows import workflow_inference_routes
 from ferry.log_escape import escape_control
 from ferry.logs import access_lines
 from ferry.service import FerryService
-from ferry.service_types import Prediction
+from ferry.service.types import Prediction
 from ferry.workflows.manager import WorkflowManager
 
 access = logging.getLogger("ferry.access")
@@ -66,15 +74,43 @@ def log_access(
 
 
 def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
+    """TorchServe's inference API, with the workflow, KServe and API-description routes
+    beside it; predictions skip Starlette's layers (``with_prediction_fast_path``)."""
     limit = service.settings.max_request_size
     record = service.metrics.response_recorder("inference")
-    access_log = service.settings.access_log
+    predict, explain = _prediction_endpoints(service, record, limit)
+    model_ready = _model_ready_endpoint(service)
+    routes = [
+        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        Route("/ping", _ping_endpoint(service), methods=["GET"]),
+        Route("/ping/{model}", model_ready, methods=["GET"]),
+        Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
+        Route("/explanations/{model}", explain, methods=["POST", "PUT"]),
+        Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
+        *workflow_inference_routes(workflows, record, limit),
+        *kserve_routes(service, record, limit),
+        *description_routes(inference_description()),
+    ]
+    handlers = exception_handlers(record)
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    return with_prediction_fast_path(app, predict, handlers)
+
+
+def _ping_endpoint(service: FerryService) -> Endpoint:
+    """``GET /ping``: the server's health, TorchServe's way."""
 
     async def ping(request: Request) -> Response:
         health = service.health()
         body = json.dumps({"status": health.status})
         status = 200 if health.ok else 503 if health.status == "Draining" else 500
         return Response(body, status_code=status, media_type="application/json")
+
+    return ping
+
+
+def _model_ready_endpoint(service: FerryService) -> Endpoint:
+    """``GET /ping/{model}[/{version}]``."""
 
     async def model_ready(request: Request) -> Response:
         """Per-model readiness for orchestrators: 200 once a worker can take requests."""
@@ -94,12 +130,34 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
         status = 200 if readiness.ready else 503
         return Response(json.dumps(document), status_code=status, media_type="application/json")
 
+    return model_ready
+
+
+class _Answer(Protocol):
+    """``answer(request, explain=...)``: a prediction or explanation request's response."""
+
+    def __call__(self, request: Request, *, explain: bool) -> Awaitable[Response]: ...
+
+
+def _prediction_endpoints(
+    service: FerryService, record: StatusRecorder, limit: int
+) -> tuple[Endpoint, Endpoint]:
+    """``predict`` and ``explain``, the endpoints of ``/predictions`` and ``/explanations``."""
+    answer = _prediction_answer(service, record, limit)
+
     async def predict(request: Request) -> Response:
         return await answer(request, explain=False)
 
     async def explain(request: Request) -> Response:
         """TorchServe's explanations API: the handler's ``explain_handle``."""
         return await answer(request, explain=True)
+
+    return predict, explain
+
+
+def _prediction_answer(service: FerryService, record: StatusRecorder, limit: int) -> _Answer:
+    """The answer to a prediction or explanation request, from admission to access log."""
+    access_log = service.settings.access_log
 
     async def answer(request: Request, *, explain: bool) -> Response:
         start = time.perf_counter()
@@ -131,21 +189,7 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
             log_access(request, response.status_code, model, version, start, answer)
         return response
 
-    routes = [
-        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
-        Route("/ping", ping, methods=["GET"]),
-        Route("/ping/{model}", model_ready, methods=["GET"]),
-        Route("/ping/{model}/{version}", model_ready, methods=["GET"]),
-        Route("/explanations/{model}", explain, methods=["POST", "PUT"]),
-        Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
-        *workflow_inference_routes(workflows, record, limit),
-        *kserve_routes(service, record, limit),
-        *description_routes(inference_description()),
-    ]
-    handlers = exception_handlers(record)
-    app = Starlette(routes=routes, exception_handlers=handlers)
-    return with_prediction_fast_path(app, predict, handlers)
+    return answer
 
 
 PREDICTIONS = "/predictions/"

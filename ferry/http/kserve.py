@@ -23,7 +23,7 @@ from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
 from ferry.protocols import untrusted_json, v2
 from ferry.service import FerryService
-from ferry.service_types import InputPart, Prediction, TensorSpec
+from ferry.service.types import InputPart, Prediction, TensorSpec
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -61,101 +61,10 @@ def _spec(tensor: TensorSpec) -> dict[str, Any]:
 
 
 def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> list[Route]:
-    async def predict(request: Request, model: str, body: bytes, body_type: str) -> Prediction:
-        version = service.admit(model, _version(request)).version
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        headers["content-type"] = "application/json"  # what the handler's document is
-        part = InputPart("body", body_type, body)
-        return await service.predict(model, version, [part], headers, on_hang_up(request.scope))
-
-    # --- Open Inference Protocol V2 ------------------------------------------------------
-
-    async def server_metadata(request: Request) -> Response:
-        return _json(
-            {"name": "ferry", "version": __version__, "extensions": ["binary_tensor_data"]}
-        )
-
-    async def live(request: Request) -> Response:
-        return _json({"live": True})
-
-    async def ready(request: Request) -> Response:
-        healthy = service.health().ok
-        return _json({"ready": healthy}, 200 if healthy else 503)
-
-    async def model_metadata(request: Request) -> Response:
-        metadata = service.metadata(request.path_params["model"], _version(request))
-        return _json(
-            {
-                "name": metadata.name,
-                "versions": metadata.versions,
-                "platform": metadata.platform,
-                "inputs": [_spec(t) for t in metadata.inputs],
-                "outputs": [_spec(t) for t in metadata.outputs],
-            }
-        )
-
-    async def model_ready(request: Request) -> Response:
-        readiness = service.readiness(request.path_params["model"], _version(request))
-        document: dict[str, Any] = {"name": readiness.model.name, "ready": readiness.ready}
-        if readiness.reason:
-            document["reason"] = readiness.reason
-        return _json(document, 200 if readiness.ready else 503)
-
-    async def infer(request: Request) -> Response:
-        model = request.path_params["model"]
-        service.admit(model, _version(request))  # 404 / 503 before reading the body
-        body = await read_limited(request, limit, "max_request_size")
-        parsed = v2.parse_request(
-            body, request.headers.get(v2.BINARY_HEADER), service.settings.tensor_element_limit
-        )
-        answer = await predict(request, model, *parsed.worker_payload())
-        try:
-            outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
-        except ValueError as exc:
-            raise InvalidInput(f"the handler's answer is not a V2 response: {exc}") from exc
-        outputs = v2.select_outputs(outputs, parsed.outputs)
-        ref = service.resolve(model, _version(request))
-        content, header_length = v2.encode_response(
-            ref.name, ref.version, parsed, outputs, answer_id
-        )
-        headers = {"x-request-id": answer.request_id}
-        if header_length is None:
-            return Response(content, headers=headers, media_type="application/json")
-        headers[v2.BINARY_HEADER] = str(header_length)
-        return Response(content, headers=headers, media_type="application/octet-stream")
-
-    # --- KServe V1 -----------------------------------------------------------------------
-
-    async def v1_models(request: Request) -> Response:
-        return _json({"models": service.model_names()})
-
-    async def v1_model(request: Request) -> Response:
-        readiness = service.readiness(request.path_params["model"])
-        if not readiness.ready:
-            message = f"Model with name {readiness.model.name} is not ready."
-            return Response(v2.error_document(message), 503, media_type="application/json")
-        return _json({"name": readiness.model.name, "ready": True})
-
-    async def v1_verb(request: Request) -> Response:
-        """``POST /v1/models/NAME:predict`` and ``:explain`` (one route: a model name may
-        itself hold a colon-free suffix, so the verb is split off the last colon)."""
-        model, _, verb = request.path_params["target"].rpartition(":")
-        if verb not in ("predict", "explain") or not model:
-            return Response(v2.error_document("expected :predict or :explain"), 404)
-        service.admit(model)
-        body = await read_limited(request, limit, "max_request_size")
-        _check_instances(body)
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        part = InputPart("body", "application/json", body)
-        answer = await service.predict(
-            model, None, [part], headers, on_hang_up(request.scope), explain=verb == "explain"
-        )
-        return Response(
-            _v1_answer(answer, "explanations" if verb == "explain" else "predictions"),
-            status_code=answer.status,
-            headers={"x-request-id": answer.request_id},
-            media_type="application/json",
-        )
+    """The V2 and V1 routes, each endpoint's domain errors answered with KServe's error
+    body and every status reported to ``record``; request bodies up to ``limit`` bytes."""
+    open_inference = _OpenInferenceV2(service, limit)
+    v1 = _KServeV1(service, limit)
 
     def guarded(endpoint: Endpoint) -> Endpoint:
         return _guarded(endpoint, record)
@@ -171,16 +80,133 @@ def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> 
         ]
 
     return [
-        Route("/v2", guarded(server_metadata), methods=["GET"]),
-        Route("/v2/health/live", guarded(live), methods=["GET"]),
-        Route("/v2/health/ready", guarded(ready), methods=["GET"]),
-        *model_paths("", model_metadata, ["GET"]),
-        *model_paths("/ready", model_ready, ["GET"]),
-        *model_paths("/infer", infer, ["POST"]),
-        Route("/v1/models", guarded(v1_models), methods=["GET"]),
-        Route("/v1/models/{model}", guarded(v1_model), methods=["GET"]),
-        Route("/v1/models/{target}", guarded(v1_verb), methods=["POST"]),
+        Route("/v2", guarded(open_inference.server_metadata), methods=["GET"]),
+        Route("/v2/health/live", guarded(open_inference.live), methods=["GET"]),
+        Route("/v2/health/ready", guarded(open_inference.ready), methods=["GET"]),
+        *model_paths("", open_inference.model_metadata, ["GET"]),
+        *model_paths("/ready", open_inference.model_ready, ["GET"]),
+        *model_paths("/infer", open_inference.infer, ["POST"]),
+        Route("/v1/models", guarded(v1.models), methods=["GET"]),
+        Route("/v1/models/{model}", guarded(v1.model), methods=["GET"]),
+        Route("/v1/models/{target}", guarded(v1.verb), methods=["POST"]),
     ]
+
+
+class _OpenInferenceV2:
+    """The Open Inference Protocol V2's endpoints: the server's, then each model's."""
+
+    def __init__(self, service: FerryService, limit: int) -> None:
+        self.service = service
+        self.limit = limit
+        """Bytes a request body may hold (``max_request_size``)."""
+
+    @staticmethod
+    async def server_metadata(request: Request) -> Response:
+        return _json(
+            {"name": "ferry", "version": __version__, "extensions": ["binary_tensor_data"]}
+        )
+
+    @staticmethod
+    async def live(request: Request) -> Response:
+        return _json({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        healthy = self.service.health().ok
+        return _json({"ready": healthy}, 200 if healthy else 503)
+
+    async def model_metadata(self, request: Request) -> Response:
+        metadata = self.service.metadata(request.path_params["model"], _version(request))
+        return _json(
+            {
+                "name": metadata.name,
+                "versions": metadata.versions,
+                "platform": metadata.platform,
+                "inputs": [_spec(t) for t in metadata.inputs],
+                "outputs": [_spec(t) for t in metadata.outputs],
+            }
+        )
+
+    async def model_ready(self, request: Request) -> Response:
+        readiness = self.service.readiness(request.path_params["model"], _version(request))
+        document: dict[str, Any] = {"name": readiness.model.name, "ready": readiness.ready}
+        if readiness.reason:
+            document["reason"] = readiness.reason
+        return _json(document, 200 if readiness.ready else 503)
+
+    async def infer(self, request: Request) -> Response:
+        service = self.service
+        model = request.path_params["model"]
+        service.admit(model, _version(request))  # 404 / 503 before reading the body
+        body = await read_limited(request, self.limit, "max_request_size")
+        parsed = v2.parse_request(
+            body, request.headers.get(v2.BINARY_HEADER), service.settings.tensor_element_limit
+        )
+        answer = await self._predict(request, model, *parsed.worker_payload())
+        try:
+            outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
+        except ValueError as exc:
+            raise InvalidInput(f"the handler's answer is not a V2 response: {exc}") from exc
+        outputs = v2.select_outputs(outputs, parsed.outputs)
+        ref = service.resolve(model, _version(request))
+        content, header_length = v2.encode_response(
+            ref.name, ref.version, parsed, outputs, answer_id
+        )
+        headers = {"x-request-id": answer.request_id}
+        if header_length is None:
+            return Response(content, headers=headers, media_type="application/json")
+        headers[v2.BINARY_HEADER] = str(header_length)
+        return Response(content, headers=headers, media_type="application/octet-stream")
+
+    async def _predict(
+        self, request: Request, model: str, body: bytes, body_type: str
+    ) -> Prediction:
+        service = self.service
+        version = service.admit(model, _version(request)).version
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers["content-type"] = "application/json"  # what the handler's document is
+        part = InputPart("body", body_type, body)
+        return await service.predict(model, version, [part], headers, on_hang_up(request.scope))
+
+
+class _KServeV1:
+    """KServe V1's endpoints (``/v1/models/...``)."""
+
+    def __init__(self, service: FerryService, limit: int) -> None:
+        self.service = service
+        self.limit = limit
+        """Bytes a request body may hold (``max_request_size``)."""
+
+    async def models(self, request: Request) -> Response:
+        return _json({"models": self.service.model_names()})
+
+    async def model(self, request: Request) -> Response:
+        readiness = self.service.readiness(request.path_params["model"])
+        if not readiness.ready:
+            message = f"Model with name {readiness.model.name} is not ready."
+            return Response(v2.error_document(message), 503, media_type="application/json")
+        return _json({"name": readiness.model.name, "ready": True})
+
+    async def verb(self, request: Request) -> Response:
+        """``POST /v1/models/NAME:predict`` and ``:explain`` (one route: a model name may
+        itself hold a colon-free suffix, so the verb is split off the last colon)."""
+        model, _, verb = request.path_params["target"].rpartition(":")
+        if verb not in ("predict", "explain") or not model:
+            return Response(v2.error_document("expected :predict or :explain"), 404)
+        service = self.service
+        service.admit(model)
+        body = await read_limited(request, self.limit, "max_request_size")
+        _check_instances(body)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        part = InputPart("body", "application/json", body)
+        answer = await service.predict(
+            model, None, [part], headers, on_hang_up(request.scope), explain=verb == "explain"
+        )
+        return Response(
+            _v1_answer(answer, "explanations" if verb == "explain" else "predictions"),
+            status_code=answer.status,
+            headers={"x-request-id": answer.request_id},
+            media_type="application/json",
+        )
 
 
 def _check_instances(body: bytes) -> None:

@@ -7,7 +7,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from ferry.errors import InvalidInput, RequestTooLarge
-from ferry.service_types import InputPart
+from ferry.service.types import InputPart
 
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 

@@ -19,8 +19,8 @@ from starlette.responses import Response, StreamingResponse
 
 from ferry.errors import FerryError, ResponseTooLarge
 from ferry.http.errors import error_response
-from ferry.pending_prediction import PendingPrediction
-from ferry.service_types import OnPredictionPart, Prediction, PredictionPart
+from ferry.service.pending import PendingPrediction
+from ferry.service.types import OnPredictionPart, Prediction, PredictionPart
 
 log = logging.getLogger("ferry.http")
 

@@ -1,11 +1,11 @@
 """The Open Inference Protocol V2 (KServe V2, Triton's HTTP/REST protocol): tensors in JSON
 and in the binary tensor data extension.
 
-The rule Ferry applies (documented in the README, "KServe and the Open Inference
-Protocol"): one V2 request is one request to the handler, whatever its tensors' first
-dimension, so it batches with requests from every other protocol. The handler receives the
-request as JSON (``{"id", "parameters", "inputs": [{"name", "shape", "datatype",
-"parameters", "data"}]}``, binary inputs decoded into ``data``), and TorchServe's
+The rule Ferry applies (documented in docs/protocols.md): one V2 request is one request
+to the handler, whatever its tensors' first dimension, so it batches with requests from
+every other protocol. The handler receives the request as JSON (``{"id", "parameters",
+"inputs": [{"name", "shape", "datatype", "parameters", "data"}]}``, binary inputs decoded
+into ``data``), and TorchServe's
 ``kservev2`` envelope turns that into its rows for handlers written for TorchServe on
 KServe. The handler's answer becomes the response's outputs: a V2 response document (what
 the envelope produces) as it is, anything else as one output.
@@ -452,24 +452,13 @@ def encode_response(
     answer_id: str | None,
 ) -> tuple[bytes, int | None]:
     """The response body, and the JSON part's length when binary outputs follow it."""
-    binary_names = {r.name for r in request.outputs if r.binary}
-    if request.binary_outputs:
-        flagged = {r.name for r in request.outputs}
-        binary_names |= {t.name for t in outputs if t.name not in flagged}
+    binary_names = _binary_output_names(request, outputs)
     entries, blobs = [], []
     for tensor in outputs:
         if tensor.name in binary_names:
             blob = encode_binary(tensor)
             blobs.append(blob)
-            parameters = {**tensor.parameters, "binary_data_size": len(blob)}
-            entries.append(
-                {
-                    "name": tensor.name,
-                    "shape": tensor.shape,
-                    "datatype": tensor.datatype,
-                    "parameters": parameters,
-                }
-            )
+            entries.append(_binary_output_entry(tensor, len(blob)))
         else:
             entries.append(tensor.document())
     document: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
@@ -481,6 +470,27 @@ def encode_response(
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
+
+
+def _binary_output_names(request: InferRequest, outputs: list[Tensor]) -> set[str]:
+    """The outputs sent as binary data: those requested with ``binary_data``, and with
+    ``binary_data_output`` every output the request does not name."""
+    binary_names = {r.name for r in request.outputs if r.binary}
+    if request.binary_outputs:
+        flagged = {r.name for r in request.outputs}
+        binary_names |= {t.name for t in outputs if t.name not in flagged}
+    return binary_names
+
+
+def _binary_output_entry(tensor: Tensor, size: int) -> dict[str, Any]:
+    """``tensor``'s entry in ``outputs`` when its data follows the JSON as ``size`` bytes."""
+    parameters = {**tensor.parameters, "binary_data_size": size}
+    return {
+        "name": tensor.name,
+        "shape": tensor.shape,
+        "datatype": tensor.datatype,
+        "parameters": parameters,
+    }
 
 
 def error_document(message: str) -> bytes:

@@ -18,114 +18,49 @@ with the archives baked in).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from ferry.config.settings import ServerSettings
 from ferry.errors import ConfigError
 from ferry.http.auth import TokenAuth
-from ferry.http.errors import error_body
+from ferry.http.errors import exception_handlers
 from ferry.http.listener import QuietUvicorn, bind
+from ferry.http.management import operations_routes
 from ferry.ray_serve import INSTALL_HINT, available
+from ferry.ray_serve.deployer import APPLICATION, Deployer
+from ferry.ray_serve.models import RayModels
 from ferry.ray_serve.plan import DeploymentPlan, plan_for
-from ferry.ray_serve.replica import ModelReplica
-from ferry.ray_serve.router import Router
 from ferry.security import plan_keys
 from ferry.server import write_ready_file
-from ferry.service import FerryService
+from ferry.service.startup import is_default, startup_archives
+from ferry.store.archive import ModelArchive
+from ferry.store.workdir import open_work_dir
 
 log = logging.getLogger("ferry")
-
-APPLICATION = "ferry"
-HEAD_NODE = "node:__internal_head__"
-"""The resource only Ray's head node has."""
-QUIET = {"enable_access_log": False, "log_level": "WARNING"}
-"""Ray Serve's logging for Ferry's deployments: a log line per request (sent on to this
-process) costs more than the request on a small machine; Ferry's own warnings still
-show."""
-ROUTER_ONGOING = 10_000
-"""Requests the router deployment takes at once: it only forwards, each replica's own
-``max_ongoing_requests`` bounds the work."""
-
-
-@dataclass
-class Deployer:
-    """The application's plans, and (re)deploying them: Ray Serve updates only what
-    changed, so a scale call adds or removes replicas without touching the others."""
-
-    settings: ServerSettings
-    inference_key: str | None
-    """Checked by the replicas, as single-machine Ferry checks it beyond loopback."""
-    plans: dict[str, DeploymentPlan]
-    """By ``model/version``."""
-    defaults: dict[str, str]
-    """Each model's default version."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def application(self) -> Any:
-
-        handles = {
-            key: _deployment(ModelReplica)
-            .options(**plan.options(), logging_config=QUIET)
-            .bind(self.settings, plan.entry, plan.name, self.inference_key)
-            for key, plan in self.plans.items()
-        }
-        router = _deployment(Router).options(
-            name="router",
-            max_ongoing_requests=ROUTER_ONGOING,
-            # On the head, beside Ray Serve's proxy: the router holds every request in
-            # flight, so it must not live on a node that may go away.
-            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
-            logging_config=QUIET,
-        )
-        return router.bind(handles, self.defaults)
-
-    def deploy(self) -> None:
-        """Deploy, and wait until every deployment runs (Ray Serve's ``serve.run``)."""
-        from ray import serve
-
-        serve.run(self.application(), name=APPLICATION, route_prefix="/")
-
-    def replicas(self, plan: DeploymentPlan) -> dict[str, int]:
-        """Replica counts by state (``RUNNING``, ``STARTING``, ...) as Ray Serve reports."""
-        from ray import serve
-
-        application = serve.status().applications.get(APPLICATION)
-        if application is None or plan.deployment not in application.deployments:
-            return {}
-        states = application.deployments[plan.deployment].replica_states
-        return {str(state): int(count) for state, count in states.items()}
-
-    async def scale(self, key: str, low: int, high: int | None) -> None:
-        async with self.lock:
-            self.plans[key] = self.plans[key].scaled(low, high)
-            await asyncio.to_thread(self.deploy)
-
-
-def _deployment(cls: type) -> Any:
-    """Ray Serve's ``serve.deployment`` on a class (its stubs type only the decorator)."""
-    from ray import serve
-
-    deployment: Any = serve.deployment
-    return deployment(cls)
 
 
 def plans_for(settings: ServerSettings) -> tuple[dict[str, DeploymentPlan], dict[str, str]]:
     """The start-up models' deployments and default versions; ``ConfigError`` if none."""
-    service = FerryService(settings)  # opens archives only: no worker starts here
-    opened = service.startup_archives()
-    if not opened:
-        raise ConfigError("--ray: no model to deploy: name them with --models (load_models)")
+    work_dir = open_work_dir()  # each replica unpacks its own: the driver only reads them
+    try:
+        opened = startup_archives(settings, Path(work_dir.name))
+        if not opened:
+            raise ConfigError("--ray: no model to deploy: name them with --models (load_models)")
+        return _plans(settings, opened)
+    finally:
+        work_dir.cleanup()
+
+
+def _plans(
+    settings: ServerSettings, opened: list[tuple[str, ModelArchive]]
+) -> tuple[dict[str, DeploymentPlan], dict[str, str]]:
     plans: dict[str, DeploymentPlan] = {}
     defaults: dict[str, str] = {}
     for entry, archive in opened:
@@ -137,82 +72,23 @@ def plans_for(settings: ServerSettings) -> tuple[dict[str, DeploymentPlan], dict
             queue_size=settings.job_queue_size,
             default_batch_size=settings.default_batch_size,
             default_max_batch_delay_ms=settings.default_max_batch_delay_ms,
+            default_response_timeout=settings.default_response_timeout,
         )
         archive.free()
         plans[f"{archive.name}/{archive.version}"] = plan
-        chosen = settings.model_overrides.get(archive.name, {}).get(archive.version, {})
-        if archive.name not in defaults or chosen.get("defaultVersion") is True:
+        if archive.name not in defaults or is_default(settings, archive):
             defaults[archive.name] = archive.version
     return plans, defaults
 
 
 def management_app(deployer: Deployer) -> Starlette:
-    def plan_of(request: Request) -> tuple[str, DeploymentPlan] | Response:
-        model = request.path_params["model"]
-        version = request.path_params.get("version") or deployer.defaults.get(model, "")
-        key = f"{model}/{version}"
-        if key not in deployer.plans:
-            return error_body(404, "ModelNotFoundException", f"Model not found: {model}")
-        return key, deployer.plans[key]
+    """List, describe and scale, by Ferry's management adapter over the deployments."""
+    routes = operations_routes(RayModels(deployer), _unrecorded)
+    return Starlette(routes=routes, exception_handlers=exception_handlers())
 
-    async def list_models(request: Request) -> Response:
-        models = [
-            {"modelName": name, "modelUrl": deployer.plans[f"{name}/{v}"].entry.split("=", 1)[1]}
-            for name, v in sorted(deployer.defaults.items())
-        ]
-        return _json({"models": models})
 
-    async def describe(request: Request) -> Response:
-        found = plan_of(request)
-        if isinstance(found, Response):
-            return found
-        _, plan = found
-        replicas = await asyncio.to_thread(deployer.replicas, plan)
-        auto = plan.autoscaling or {}
-        document = {
-            "modelName": plan.name,
-            "modelVersion": plan.version,
-            "minWorkers": plan.num_replicas or auto.get("min_replicas", 0),
-            "maxWorkers": plan.num_replicas or auto.get("max_replicas", 0),
-            "batchSize": plan.batch_size,
-            "maxBatchDelay": plan.max_batch_delay_ms,
-            "ray": {
-                "deployment": plan.deployment,
-                "replicas": replicas,
-                "autoscalingConfig": plan.autoscaling,
-                "rayActorOptions": plan.actor_options,
-            },
-        }
-        return _json([document])
-
-    async def scale(request: Request) -> Response:
-        found = plan_of(request)
-        if isinstance(found, Response):
-            return found
-        key, plan = found
-        try:
-            low = int(request.query_params.get("min_worker", plan.num_replicas or 1))
-            high_text = request.query_params.get("max_worker")
-            high = int(high_text) if high_text is not None else None
-        except ValueError:
-            return error_body(400, "BadRequestException", "min_worker and max_worker: integers")
-        if low < 0 or (high is not None and high < low):
-            return error_body(400, "BadRequestException", "need 0 <= min_worker <= max_worker")
-        synchronous = request.query_params.get("synchronous", "false").lower() == "true"
-        task = asyncio.create_task(deployer.scale(key, low, high))
-        if synchronous:
-            await task
-            return _json({"status": f"Workers scaled to {low} for model: {plan.name}"})
-        return _json({"status": "Processing worker updates..."}, 202)
-
-    routes = [
-        Route("/models", list_models, methods=["GET"]),
-        Route("/models/{model}", describe, methods=["GET"]),
-        Route("/models/{model}/{version}", describe, methods=["GET"]),
-        Route("/models/{model}", scale, methods=["PUT"]),
-        Route("/models/{model}/{version}", scale, methods=["PUT"]),
-    ]
-    return Starlette(routes=routes)
+def _unrecorded(status: int) -> None:
+    """The driver keeps no metrics: its management calls are not counted."""
 
 
 async def _serve_until_signal(server: Any, listening: Any) -> None:
@@ -223,10 +99,6 @@ async def _serve_until_signal(server: Any, listening: Any) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
     await server.serve(sockets=[listening])
-
-
-def _json(document: object, status: int = 200) -> Response:
-    return Response(json.dumps(document), status_code=status, media_type="application/json")
 
 
 def run_on_ray(settings: ServerSettings, address: str | None) -> int:

@@ -30,7 +30,13 @@ class HttpAnswer:
 
 async def call_asgi(app: ASGIApp, call: HttpCall, client: tuple[str, int]) -> HttpAnswer:
     """``call`` through ``app`` as one HTTP/1.1 request; a streamed answer is joined."""
-    scope: dict[str, Any] = {
+    exchange = _Exchange(call.body)
+    await app(_scope(call, client), exchange.receive, exchange.send)
+    return HttpAnswer(exchange.status, exchange.headers, b"".join(exchange.chunks))
+
+
+def _scope(call: HttpCall, client: tuple[str, int]) -> dict[str, Any]:
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -44,26 +50,26 @@ async def call_asgi(app: ASGIApp, call: HttpCall, client: tuple[str, int]) -> Ht
         "client": client,
         "server": ("ray-serve", 0),
     }
-    sent_body = False
 
-    async def receive() -> Message:
-        nonlocal sent_body
-        if sent_body:
+
+class _Exchange:
+    """The request's body, given once (then a disconnect), and the answer as it is sent."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+        self.status = 500
+        self.headers: Headers = ()
+        self.chunks: list[bytes] = []
+
+    async def receive(self) -> Message:
+        if self._body is None:
             return {"type": "http.disconnect"}
-        sent_body = True
-        return {"type": "http.request", "body": call.body, "more_body": False}
+        body, self._body = self._body, None
+        return {"type": "http.request", "body": body, "more_body": False}
 
-    status: int = 500
-    headers: Headers = ()
-    chunks: list[bytes] = []
-
-    async def send(message: Message) -> None:
-        nonlocal status, headers
+    async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            status = message["status"]
-            headers = tuple((bytes(k), bytes(v)) for k, v in message.get("headers", []))
+            self.status = message["status"]
+            self.headers = tuple((bytes(k), bytes(v)) for k, v in message.get("headers", []))
         elif message["type"] == "http.response.body":
-            chunks.append(bytes(message.get("body", b"")))
-
-    await app(scope, receive, send)
-    return HttpAnswer(status, headers, b"".join(chunks))
+            self.chunks.append(bytes(message.get("body", b"")))

@@ -36,6 +36,8 @@ class DeploymentPlan:
     load's shape (batches, 503 when full), so this is its queue plus a batch."""
     batch_size: int
     max_batch_delay_ms: float
+    response_timeout: float = 120.0
+    batch_policy: str = "adaptive"
 
     @property
     def deployment(self) -> str:
@@ -75,6 +77,7 @@ def plan_for(
     queue_size: int,
     default_batch_size: int,
     default_max_batch_delay_ms: float,
+    default_response_timeout: float = 120.0,
 ) -> DeploymentPlan:
     """The deployment of one model version; ``ModelConfigError`` for a bad ``ray:``."""
     section = _ray_section(config, name)
@@ -96,6 +99,8 @@ def plan_for(
         max_ongoing_requests=(config.job_queue_size or queue_size) + batch_size,
         batch_size=batch_size,
         max_batch_delay_ms=delay,
+        response_timeout=config.response_timeout or default_response_timeout,
+        batch_policy=config.batch_policy or "adaptive",
     )
     if high > low:
         plan = plan.scaled(low, high)

@@ -14,7 +14,6 @@ from ferry.config.settings import ServerSettings
 from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
 from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi
-from ferry.service import FerryService
 
 log = logging.getLogger("ferry")
 NODE_HEADER = b"x-ferry-ray-node"
@@ -53,10 +52,9 @@ class ModelReplica:
         self._node = context.get_node_id().encode()
         # The worker's torch threads: the CPUs Ray gave this replica, not the machine's.
         cpus = context.get_assigned_resources().get("CPU", 0)
-        service = FerryService(
+        self._apis = Apis.local(
             replica_settings(settings, entry, name), cores=max(1, round(cpus)) if cpus else None
         )
-        self._apis = Apis.over(service)
         await self._apis.service.load_startup_models()
         app: ASGIApp = inference_app(self._apis.service, self._apis.workflows)
         self._app = app if inference_key is None else TokenAuth(app, inference_key)

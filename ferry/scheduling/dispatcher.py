@@ -35,10 +35,10 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
-from ferry.scheduling.jobs import LATE_PRIORITY, InferenceResponse, Job, StreamedPart
-from ferry.worker.codec import ProtocolError
-from ferry.worker.handle import WorkerGone, WorkerHandle
-from ferry.worker.messages import BatchResult, ItemResult, PartialResult, PredictBatch
+from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
+from ferry.wire.codec import ProtocolError
+from ferry.wire.messages import BatchResult, ItemResult, PartialResult, PredictBatch
+from ferry.worker_handles.handle import WorkerGone, WorkerHandle
 
 log = logging.getLogger("ferry.scheduling")
 
@@ -74,11 +74,13 @@ class ErrorKind(enum.Enum):
 
 RecycleCheck = Callable[[int], str | None]
 """Given the requests a worker has answered, the reason to replace it now, or None."""
+BusyReport = Callable[[bool], None]
+"""Told whether the worker is busy: False as it waits for a batch, True as it gets one."""
 
 
 def to_outcome(
     result: ItemResult, batch_size: int, queued_seconds: float = 0.0
-) -> InferenceResponse | FerryError:
+) -> Prediction | FerryError:
     """A worker's answer to one request, as the service's response or domain error."""
     kind = ErrorKind(result.error_kind) if result.error_kind in _KINDS else ErrorKind.HANDLER
     if kind is ErrorKind.INVALID_INPUT:
@@ -86,13 +88,14 @@ def to_outcome(
     if kind is ErrorKind.HANDLER:
         status = result.status if 400 <= result.status <= 599 else None
         return HandlerFailed(result.message, status)
-    return InferenceResponse(
+    return Prediction(
         result.body,
         result.content_type,
         result.status or 200,
         result.headers,
         batch_size,
         queued_seconds,
+        result.request_id,
     )
 
 
@@ -152,12 +155,25 @@ class Exchange:
 @dataclass
 class Lane:
     """What one worker holds: the batches sent to it, oldest (the one it works on) first,
-    and every request among them by id."""
+    and every request among them by id; and whether it is due to be replaced."""
 
     pending: deque[Exchange] = field(default_factory=deque)
     held: InFlight = field(default_factory=InFlight)
     sizes_run: set[int] = field(default_factory=set)
     """Batch sizes the worker has answered (its first of a size pays one-off costs)."""
+    recycle: RecycleCheck | None = None
+    """Asked, after each batch, whether the worker is due to be replaced."""
+    answered: int = 0
+    """Requests the worker has answered."""
+    recycling: str | None = None
+    """Why the worker is replaced once the batches it holds are answered, if it is."""
+
+    def note_answered(self, exchange: Exchange) -> None:
+        """Count the batch's requests as answered, and ask ``recycle`` (until it gives a
+        reason) whether the worker is now due to be replaced."""
+        self.answered += len(exchange.jobs)
+        if self.recycle is not None and not self.recycling:
+            self.recycling = self.recycle(self.answered)
 
     def note_size(self, exchange: Exchange) -> bool:
         """Note the batch's size as run; True if the worker had run none of that size."""
@@ -217,14 +233,14 @@ class Dispatcher:
         self,
         worker: WorkerHandle,
         retire: asyncio.Event,
-        on_busy: Callable[[bool], None],
+        on_busy: BusyReport,
         recycle: RecycleCheck | None = None,
     ) -> ServeEnd:
         """Feed batches to ``worker`` until it must go; every request it took is answered
         or back in the queue when this returns (or raises ``CancelledError``)."""
-        lane = Lane()
+        lane = Lane(recycle=recycle)
         try:
-            return await self._feed(worker, retire, on_busy, lane, recycle)
+            return await self._feed(worker, retire, on_busy, lane)
         except asyncio.CancelledError:
             self._shutting_down(lane.held.pop_all())
             raise
@@ -278,15 +294,9 @@ class Dispatcher:
             job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
 
     async def _feed(
-        self,
-        worker: WorkerHandle,
-        retire: asyncio.Event,
-        on_busy: Callable[[bool], None],
-        lane: Lane,
-        recycle: RecycleCheck | None,
+        self, worker: WorkerHandle, retire: asyncio.Event, on_busy: BusyReport, lane: Lane
     ) -> ServeEnd:
-        answered = 0
-        recycling: str | None = None
+        """``serve``'s loop: batch after batch, the next one sent before this one is answered."""
         pending = lane.pending
         while True:
             if not pending:
@@ -299,38 +309,52 @@ class Dispatcher:
                     continue
                 pending.append(await self._send(worker, jobs, lane.held))
             on_busy(True)
-            if len(pending) == 1 and not (retire.is_set() or recycling or self._idle_workers):
-                # Saturated (a full batch waits and no worker is idle): send it now, so the
-                # worker starts on it the moment it finishes, however busy our event loop.
-                ahead = self._take_full_batch()
-                if ahead:
-                    pending.append(await self._send(worker, ahead, lane.held))
+            ahead = self._full_batch_to_send_ahead(lane, retire)
+            if ahead:
+                pending.append(await self._send(worker, ahead, lane.held))
             result = await self._receive(worker, pending[0])
-            current = pending.popleft()
-            if pending:
-                pending[0].started_at = self._clock()
-                pending[0].deadline = pending[0].started_at + self.response_timeout
-            answered += len(current.jobs)
-            if recycle is not None and not recycling:
-                recycling = recycle(answered)
+            current = self._pop_answered(pending)
+            lane.note_answered(current)
             try:
                 # Start the worker on its next batch before answering this one: the worker
                 # never waits while the frontend writes responses.
-                if not pending and not retire.is_set() and not recycling:
-                    ready = self._take_ready()
-                    if ready:
-                        pending.append(await self._send(worker, ready, lane.held))
+                ready = self._batch_to_start_next(lane, retire)
+                if ready:
+                    pending.append(await self._send(worker, ready, lane.held))
             finally:  # even if that send failed
-                first = lane.note_size(current)
-                self._deliver(current, result, lane.held, workers_first=first)
-            if recycling and not pending:
-                log.info("%s worker pid %s recycled: %s", self.name, worker.info.pid, recycling)
+                self._deliver(current, result, lane.held, workers_first=lane.note_size(current))
+            if lane.recycling and not pending:
+                log.info(
+                    "%s worker pid %s recycled: %s", self.name, worker.info.pid, lane.recycling
+                )
                 return ServeEnd.RECYCLE
 
-    def _take_full_batch(self) -> list[Job] | None:
+    def _full_batch_to_send_ahead(self, lane: Lane, retire: asyncio.Event) -> list[Job] | None:
+        """A batch to send while the worker is still on its only one, when saturated (a
+        full batch waits and no worker is idle): sent now, the worker starts on it the
+        moment it finishes, however busy our event loop. None while the worker is retired
+        or recycled."""
+        if len(lane.pending) != 1 or retire.is_set() or lane.recycling or self._idle_workers:
+            return None
         if self.suspects or len(self.queue) < self.queue.batch_size:
             return None
         return self._still_wanted(self.queue.take_ready() or [])
+
+    def _pop_answered(self, pending: deque[Exchange]) -> Exchange:
+        """Take the answered batch off ``pending``; the worker starts on the one behind it
+        now, so that one's time to answer counts from here."""
+        current = pending.popleft()
+        if pending:
+            pending[0].started_at = self._clock()
+            pending[0].deadline = pending[0].started_at + self.response_timeout
+        return current
+
+    def _batch_to_start_next(self, lane: Lane, retire: asyncio.Event) -> list[Job] | None:
+        """The batch for the worker to start on once it answered its last one; None if it
+        still holds one, or is retired or recycled."""
+        if lane.pending or retire.is_set() or lane.recycling:
+            return None
+        return self._take_ready()
 
     def _still_wanted(self, jobs: list[Job]) -> list[Job]:
         """Drop requests answered while they waited (their client hung up, or their
@@ -467,7 +491,7 @@ class Dispatcher:
         if job.future.done():  # its client went away, or fell too far behind the stream
             self._cancel(worker, exchange, job)
         else:
-            job.stream(StreamedPart(part.body, part.content_type, part.status))
+            job.stream(PredictionPart(part.body, part.content_type, part.status, part.request_id))
 
     def _cancel(self, worker: WorkerHandle, exchange: Exchange, job: Job) -> None:
         """Tell the worker (once) to stop streaming to ``job``; when no request of the

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ferry.errors import DeadlineExceeded, FerryError
-from ferry.worker.messages import RequestItem
+from ferry.wire.messages import InputPart, RequestItem
 
 _request_ids = itertools.count(1)
 
@@ -23,7 +23,10 @@ def next_request_id() -> str:
 
 
 @dataclass(frozen=True)
-class InferenceResponse:
+class Prediction:
+    """A handler's answer to one request: what a job's future holds, and what the service
+    gives every transport (``ferry.service.types`` names it there)."""
+
     body: bytes
     content_type: str
     status: int = 200
@@ -31,25 +34,29 @@ class InferenceResponse:
     batch_size: int = 1
     """How many requests shared this request's batch."""
     queued_seconds: float = 0.0
+    request_id: str = ""
+    """The id the request ran under: the client's ``x-request-id`` or a generated one."""
 
 
 @dataclass(frozen=True)
-class StreamedPart:
-    """A part of the answer the handler streamed before its last one."""
+class PredictionPart:
+    """A part of the answer a handler streamed ahead of its last one
+    (``send_intermediate_predict_response``), as a transport receives it."""
 
     body: bytes
     content_type: str
     status: int
+    request_id: str
 
 
-OnPart = Callable[[StreamedPart], None]
+OnPredictionPart = Callable[[PredictionPart], None]
 
 
 @dataclass
 class Job:
     item: RequestItem
-    future: asyncio.Future[InferenceResponse]
-    on_part: OnPart | None = None
+    future: asyncio.Future[Prediction]
+    on_part: OnPredictionPart | None = None
     """Where the parts the handler streams go (dropped without it)."""
     streamed: int = 0
     """Parts passed on so far: a job that streamed is never run again."""
@@ -71,7 +78,7 @@ class Job:
         if self.attempts == 0 and not self.future.done():
             self.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
 
-    def stream(self, part: StreamedPart) -> None:
+    def stream(self, part: PredictionPart) -> None:
         if self.future.done():
             return
         self.streamed += 1
@@ -81,10 +88,21 @@ class Job:
             except FerryError as error:  # e.g. the parts outgrew max_response_size
                 self.fail(error)
 
-    def resolve(self, response: InferenceResponse) -> None:
+    def resolve(self, response: Prediction) -> None:
         if not self.future.done():
             self.future.set_result(response)
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+
+__all__ = [
+    "LATE_PRIORITY",
+    "InputPart",
+    "Job",
+    "OnPredictionPart",
+    "Prediction",
+    "PredictionPart",
+    "next_request_id",
+]

@@ -13,11 +13,12 @@ from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
-from ferry.scheduling.jobs import LATE_PRIORITY, Job
+from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
 from ferry.scheduling.placement import worker_gpu
 from ferry.scheduling.pool import Backoff, PoolEvents, RecyclePolicy, WorkerPool, WorkerSlot
-from ferry.worker.handle import WorkerFactory
-from ferry.worker.spec import WorkerSpec
+from ferry.wire.messages import InputPart, RequestItem
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.handle import WorkerFactory
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,49 @@ class ModelRunner:
                 self.metrics.delayed(1)
         else:
             job.expire()
+
+    def enqueue(
+        self,
+        request_id: str,
+        headers: dict[str, str],
+        parts: list[InputPart],
+        on_part: OnPredictionPart | None = None,
+        *,
+        priority: int = 0,
+        budget: float | None = None,
+        alone: bool = False,
+    ) -> Job:
+        """Queue a request as a job, whose ``future`` gets its answer; raises
+        ``Overloaded`` or ``NoWorkerAvailable``. ``budget``: the seconds it may take from
+        now, after which ``deadline_passed``; ``alone``: in a batch of its own, ahead of
+        the others (``submit_alone``)."""
+        loop = asyncio.get_running_loop()
+        item = RequestItem(request_id, headers, parts)
+        job = Job(item, loop.create_future(), on_part, priority=priority)
+        expiry = None
+        if budget is not None:
+            job.deadline = job.enqueued_at + budget  # the queue batches by it
+            expiry = loop.call_later(budget, self.deadline_passed, job)  # not at dispatch
+        try:
+            if alone:
+                self.submit_alone(job)
+            else:
+                self.submit(job)
+        except BaseException:
+            if expiry is not None:
+                expiry.cancel()
+            raise
+        if expiry is not None:
+            timer = expiry
+            job.future.add_done_callback(lambda _: timer.cancel())
+        return job
+
+    def client_budget(self, asked: float | None) -> float | None:
+        """A client request's budget in seconds: what it asked for, else the model's
+        ``clientTimeoutInMills``, else none."""
+        if asked is None and self.settings.client_timeout_ms is not None:
+            return self.settings.client_timeout_ms / 1000
+        return asked
 
     def submit_alone(self, job: Job) -> None:
         """Queue a request that must be alone in its batch, ahead of the others (a

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from ferry.procinfo import resident_bytes
 from ferry.scheduling.dispatcher import Dispatcher, RecycleCheck, ServeEnd
-from ferry.worker.handle import WorkerFactory, WorkerHandle, WorkerStartFailed
-from ferry.worker.spec import WorkerSpec
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.handle import WorkerFactory, WorkerHandle, WorkerStartFailed
 
 log = logging.getLogger("ferry.scheduling")
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ferry.config.image_limits import ImageLimits
+from ferry.config.settings import ServerSettings
 from ferry.errors import InvalidRequest, ModelAlreadyExists, ModelNotFound
-from ferry.scheduling.model_runner import ModelRunner
+from ferry.metrics.definitions import ModelMetrics
+from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.store.archive import ModelArchive
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.handle import WorkerFactory
 
 
 @dataclass
@@ -14,6 +19,36 @@ class ModelVersion:
     archive: ModelArchive
     runner: ModelRunner
     loaded_at_startup: bool
+
+    @classmethod
+    def serving(
+        cls,
+        archive: ModelArchive,
+        settings: RunnerSettings,
+        server: ServerSettings,
+        start_worker: WorkerFactory,
+        metrics: ModelMetrics,
+        *,
+        at_startup: bool,
+    ) -> ModelVersion:
+        """The version with its runner, whose workers (not started yet) run the archive's
+        handler as ``settings`` and the server's image and envelope settings say."""
+        spec = WorkerSpec(
+            model_name=archive.name,
+            model_dir=str(archive.model_dir),
+            handler=archive.manifest.handler,
+            manifest=archive.manifest.document,
+            batch_size=settings.batch_size,
+            gpu_id=None,
+            model_yaml_config=archive.config.raw,
+            torch_threads=settings.torch_threads,
+            worker_id="w0",
+            image_limits=ImageLimits(server.limit_max_image_pixels, server.allowed_image_formats),
+            package_dirs=[str(archive.packages)] if archive.packages else [],
+            envelope=server.service_envelope,
+        )
+        runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
+        return cls(archive, runner, at_startup)
 
 
 @dataclass

@@ -11,6 +11,7 @@ does not restrict pip; ``pip_index_url`` / ``pip_find_links`` do (``ferry.store.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from ferry.errors import PackageInstallFailed
 from ferry.log_escape import Verbatim
+from ferry.store.archive import ModelArchive
 from ferry.store.pip_sources import UNRESTRICTED, PipSources, check_requirements
 
 log = logging.getLogger("ferry.store")
@@ -29,6 +31,18 @@ PIP_TIMEOUT = 900.0
 """Seconds one model's install may take before it is abandoned."""
 PIP_OUTPUT_LINES = 5
 """Lines of pip's output quoted in the error (the rest is logged)."""
+
+
+def with_packages(archive: ModelArchive, work_dir: Path, sources: PipSources) -> ModelArchive:
+    """The archive with the packages of its requirements file installed (under
+    ``work_dir``), or as it is when it has none."""
+    requirements = requirements_path(archive.model_dir, archive.manifest.requirements_file)
+    if requirements is None:
+        return archive
+    packages = install_packages(
+        archive.name, archive.model_dir, requirements, work_dir, sources=sources
+    )
+    return dataclasses.replace(archive, packages=packages)
 
 
 def requirements_path(model_dir: Path, requirements_file: str | None) -> Path | None:

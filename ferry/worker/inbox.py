@@ -14,8 +14,8 @@ import socket
 import threading
 from collections import deque
 
-from ferry.worker import codec
-from ferry.worker.messages import CancelRequests, Message, PredictBatch
+from ferry.wire import codec
+from ferry.wire.messages import CancelRequests, Message, PredictBatch
 
 _CHUNK = 1 << 16
 _MAX_READ = 1 << 22

@@ -4,7 +4,7 @@
 It puts the model folder first on ``sys.path`` (handlers import their own files) and
 TorchServe's ``ts`` shim last (only when no real ``ts`` is importable), builds the
 ``Context``, resolves and initialises the entry point by TorchServe's rules
-(``ferry.handlers.loader``) and, when model-config.yaml asks for ``micro_batching``, wraps
+(``ferry.handlers.contract.loader``) and, when model-config.yaml asks for ``micro_batching``, wraps
 it in the stage pipeline.
 """
 
@@ -15,16 +15,20 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ferry._compat import SHIM_ROOT
 from ferry.config.image_limits import ImageLimits
-from ferry.handlers import request_envelope
-from ferry.handlers.context import Context
-from ferry.handlers.loader import EntryPoint, load_entry_point
+from ferry.handlers.contract.context import Context
+from ferry.handlers.contract.loader import EntryPoint, load_entry_point
+from ferry.handlers.torchserve import request_envelope
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
 
 log = logging.getLogger("ferry.worker")
+
+SHIM_ROOT = Path(__file__).resolve().parent.parent / "_compat"
+"""The folder of the ``ts`` shims (``ferry._compat``), put on ``sys.path`` in workers: a
+folder, not imported here, since the shims import the worker's ``micro_batching``."""
 
 
 @dataclass

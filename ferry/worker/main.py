@@ -12,8 +12,15 @@ import os
 import socket
 import threading
 
-from ferry.worker import codec, log_forward
-from ferry.worker.cpu_pinning import forget_pinning, user_pins_threads
+from ferry.wire import codec, log_forward
+from ferry.wire.environment import user_pins_threads
+from ferry.wire.messages import (
+    Message,
+    StartWorker,
+    WorkerLoadFailed,
+    WorkerReady,
+)
+from ferry.wire.spec import WorkerSpec
 from ferry.worker.helper_threads import (
     handler_thread_work,
     helper_placement,
@@ -23,14 +30,8 @@ from ferry.worker.helper_threads import (
 from ferry.worker.inbox import Inbox
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import load_handler
-from ferry.worker.messages import (
-    Message,
-    StartWorker,
-    WorkerLoadFailed,
-    WorkerReady,
-)
+from ferry.worker.pinned_cores import forget_pinning
 from ferry.worker.runner import BatchRunner
-from ferry.worker.spec import WorkerSpec
 from ferry.worker.torch_setup import configure_torch
 
 log = logging.getLogger("ferry.worker")

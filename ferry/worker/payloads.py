@@ -7,7 +7,7 @@ from typing import Any
 
 from ferry.errors import InvalidInput
 from ferry.protocols import tensor_bytes, untrusted_json
-from ferry.worker.messages import InputPart, RequestItem
+from ferry.wire.messages import InputPart, RequestItem
 
 
 def _decode_part(part: InputPart) -> Any:

@@ -28,12 +28,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry.config.sections import MicroBatchingConfig, parse_micro_batching
-from ferry.handlers.context import Context
-from ferry.worker.cpu_pinning import spread_over_worker_cores
+from ferry.handlers.contract.context import Context
 from ferry.worker.helper_threads import handler_thread_work, seeking_helpers
+from ferry.worker.pinned_cores import spread_over_worker_cores
 from ferry.worker.preprocess_processes import PreprocessProcesses
 
 log = logging.getLogger("ferry.worker")
+
+Prepared = tuple[Any, dict[int, Exception], float]
+"""A preprocessed micro-batch: its tensor, its rows that failed (by offset), and the
+milliseconds preprocessing took."""
+Processed = tuple[list[Any], float]
+"""A postprocessed micro-batch: its answers, and the milliseconds postprocessing took."""
+Posted = tuple[int, int, dict[int, Exception], Future[Processed] | Exception]
+"""A micro-batch after inference: its first row, its row count, the rows that failed
+preprocessing, and its postprocessing (or the error that failed the micro-batch)."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,7 @@ class StagePipeline:
             else None
         )
 
-    def _preprocess(
-        self, rows: list[Any], context: Context
-    ) -> tuple[Any, dict[int, Exception], float]:
+    def _preprocess(self, rows: list[Any], context: Context) -> Prepared:
         if self._processes is not None:
             batch, failures, elapsed_ms = self._processes.preprocess(rows)
             to_device = getattr(self.handler, "to_device", None)
@@ -107,7 +114,7 @@ class StagePipeline:
         failures = dict(getattr(self.handler, "failures", {}) or {})
         return tensor, failures, (time.perf_counter() - start) * 1000
 
-    def _postprocess(self, output: Any) -> tuple[list[Any], float]:
+    def _postprocess(self, output: Any) -> Processed:
         start = time.perf_counter()
         results = self.handler.postprocess(output)
         return list(results), (time.perf_counter() - start) * 1000
@@ -126,42 +133,61 @@ class StagePipeline:
         # While the helpers are sought, each inference runs with the stage threads idle.
         seeking = seeking_helpers()
         ahead = 1 if seeking else self.settings.preprocess_threads + 1
-        pending: deque[Future[tuple[Any, dict[int, Exception], float]]] = deque()
+        pending: deque[Future[Prepared]] = deque()
         submitted = 0
-        posts: list[
-            tuple[int, int, dict[int, Exception], Future[tuple[list[Any], float]] | Exception]
-        ] = []
+        posts: list[Posted] = []
         for index in range(len(chunks)):
-            while submitted < len(chunks) and len(pending) < ahead:
-                run = copy_context().run  # so pool threads' log records carry the request ids
-                pending.append(self._pre.submit(run, self._preprocess, chunks[submitted], context))
-                submitted += 1
+            submitted = self._preprocess_ahead(chunks, submitted, pending, ahead, context)
             first = index * size
             try:
                 tensor, failures, pre_ms = pending.popleft().result()
                 context.add_stage_time("preprocess", pre_ms)
                 if seeking:
                     wait([post[3] for post in posts if isinstance(post[3], Future)])
-                start = time.perf_counter()
-                # Woken by a preprocess thread, perhaps on another core. While seeking,
-                # no stage thread works now: the inference's new threads are the helpers.
-                with handler_thread_work():
-                    output = self.handler.inference(tensor) if tensor is not None else None
-                context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
+                output = self._inference(tensor, context)
             except Exception as exc:
                 log.exception("micro-batch %d failed", index)
                 posts.append((first, len(chunks[index]), {}, exc))
                 continue
-            future: Future[tuple[list[Any], float]] | Exception
-            if output is None:
-                future = Future()
-                future.set_result(([], 0.0))
-            else:
-                future = self._post.submit(copy_context().run, self._postprocess, output)
-            posts.append((first, len(chunks[index]), failures, future))
+            posts.append((first, len(chunks[index]), failures, self._start_postprocess(output)))
         return self._reassemble(posts, len(rows), context)
 
-    def _reassemble(self, posts: list[Any], total: int, context: Context) -> list[Any]:
+    def _preprocess_ahead(
+        self,
+        chunks: list[list[Any]],
+        submitted: int,
+        pending: deque[Future[Prepared]],
+        ahead: int,
+        context: Context,
+    ) -> int:
+        """Submit the micro-batches from ``submitted`` on to the preprocess pool until
+        ``ahead`` wait in ``pending`` (or none is left); how many are submitted now."""
+        while submitted < len(chunks) and len(pending) < ahead:
+            run = copy_context().run  # so pool threads' log records carry the request ids
+            pending.append(self._pre.submit(run, self._preprocess, chunks[submitted], context))
+            submitted += 1
+        return submitted
+
+    def _inference(self, tensor: Any, context: Context) -> Any:
+        """The handler's output for one preprocessed micro-batch (None without a tensor),
+        its time added to ``context``."""
+        start = time.perf_counter()
+        # Woken by a preprocess thread, perhaps on another core. While seeking,
+        # no stage thread works now: the inference's new threads are the helpers.
+        with handler_thread_work():
+            output = self.handler.inference(tensor) if tensor is not None else None
+        context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
+        return output
+
+    def _start_postprocess(self, output: Any) -> Future[Processed]:
+        """Postprocess ``output`` in the pool; no output has nothing to postprocess."""
+        if output is None:
+            future: Future[Processed] = Future()
+            future.set_result(([], 0.0))
+            return future
+        return self._post.submit(copy_context().run, self._postprocess, output)
+
+    def _reassemble(self, posts: list[Posted], total: int, context: Context) -> list[Any]:
         results: list[Any] = [None] * total
         for first, count, failures, outcome in posts:
             if isinstance(outcome, Exception):

@@ -24,8 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ferry.worker.cpu_pinning import worker_cores
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
+from ferry.worker.pinned_cores import worker_cores
 
 log = logging.getLogger("ferry.worker")
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ferry.errors import InvalidInput
-from ferry.handlers.context import Context, IntermediateResponse
-from ferry.handlers.exceptions import PredictionException, RequestCancelled
-from ferry.handlers.loader import EntryPoint
-from ferry.worker.log_forward import request_ids
-from ferry.worker.messages import (
+from ferry.handlers.contract.context import Context, IntermediateResponse
+from ferry.handlers.contract.exceptions import PredictionException, RequestCancelled
+from ferry.handlers.contract.loader import EntryPoint
+from ferry.wire.log_forward import request_ids
+from ferry.wire.messages import (
     BatchResult,
     HandlerMetricValue,
     ItemResult,

@@ -26,7 +26,7 @@ from typing import Any
 
 from ferry.errors import HandlerFailed, InvalidInput
 from ferry.protocols import untrusted_json
-from ferry.service_types import InputPart
+from ferry.service.types import InputPart
 from ferry.workflows.spec import WorkflowSpec
 
 PredictNode = Callable[[str, list[InputPart], dict[str, str]], Awaitable[bytes]]

@@ -27,7 +27,7 @@ from ferry.errors import (
     WorkflowRegistrationFailed,
 )
 from ferry.service import FerryService
-from ferry.service_types import InputPart, page_of
+from ferry.service.types import InputPart, page_of
 from ferry.store.archive import ModelArchive
 from ferry.store.manifest import Manifest
 from ferry.store.remote import WORKFLOW_SUFFIXES, fetch_archive, is_remote
@@ -108,7 +108,7 @@ class WorkflowManager:
             open_war,
             store,
             relative,
-            self.service.work_dir,
+            self.service.models.work_dir,
             request.workflow_name,
             max_unpacked_size=self.service.settings.max_unpacked_size,
         )
@@ -150,7 +150,7 @@ class WorkflowManager:
         for node, outcome in zip(nodes, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
                 with contextlib.suppress(FerryError):
-                    await self.service.remove(internal_name(workflow.name, node))
+                    await self.service.models.remove(internal_name(workflow.name, node))
         raise WorkflowRegistrationFailed(
             f"Workflow {workflow.name} has failed to register. Failures: [{', '.join(failures)}]"
         )
@@ -163,10 +163,10 @@ class WorkflowManager:
         if settings.url is None:
             archive = self._function_archive(workflow, node, name)
         else:
-            opened = await self.service.open_archive(settings.url, name)
+            opened = await self.service.models.open_archive(settings.url, name)
             archive = replace(opened, workflow=workflow.name)
         archive = replace(archive, config=_node_config(archive.config, settings, request))
-        await self.service.load_archive(archive, request.startup_timeout)
+        await self.service.models.load_archive(archive, request.startup_timeout)
 
     @staticmethod
     def _function_archive(workflow: RegisteredWorkflow, node: str, name: str) -> ModelArchive:
@@ -191,7 +191,7 @@ class WorkflowManager:
         failures = []
         for model in workflow.node_models:
             try:
-                await self.service.remove(model)
+                await self.service.models.remove(model)
             except FerryError as error:
                 failures.append(f"{model}: {error}")
         await asyncio.to_thread(workflow.archive.free)

@@ -40,7 +40,7 @@ FERRY_DESCRIBE_EXTRAS = {
     "batchPolicy",
     "deadlineAction",
 }
-"""Fields Ferry's describe adds to TorchServe's (README, "Health and readiness")."""
+"""Fields Ferry's describe adds to TorchServe's (docs/management.md, "Health and readiness")."""
 FERRY_WORKER_EXTRAS = {"device", "restarts", "lastError"}
 
 
@@ -113,8 +113,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     pipeline_war(store)
     (tmp / "ts").mkdir()
     (tmp / "ferry").mkdir()
-    # Ferry caps worker processes of all models together (README, "Resource limits": twice
-    # the cores, at least 8); TorchServe has no cap. Nine workers are running once the
+    # Ferry caps worker processes of all models together (docs/security.md, "Resource limits":
+    # twice the cores, at least 8); TorchServe has no cap. Nine workers are running once the
     # workflow's four nodes join, so the cap is raised to compare answers, not limits.
     ferry_flags = ["--enable-model-api", "--max-workers-total", "32"]
     with (
@@ -263,8 +263,8 @@ def test_custom_metrics_handler_answers_the_same(pair: Pair) -> None:
 
 def test_base_handler_initialize_sets_the_same_attributes(pair: Pair) -> None:
     # What BaseHandler.initialize set, as the metrics handler reports it in a header.
-    # Documented difference (README, "Handlers"): Ferry also sets ``self.model_dir``, which
-    # TorchServe 0.12 keeps in a local variable; every other attribute is the same.
+    # Documented difference (docs/handlers.md, "Handlers"): Ferry also sets ``self.model_dir``,
+    # which TorchServe 0.12 keeps in a local variable; every other attribute is the same.
     torchserve, ferry = _both(pair, "POST", "/predictions/metered", content=b"[1, 2]")
     header = "x-handler-info"
     info_ts, info_ferry = json.loads(torchserve.headers[header]), json.loads(ferry.headers[header])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from ferry.snapshots import latest_snapshot
+from ferry.service.snapshots import latest_snapshot
 from tests.fixtures.models import digest_archive
 from tests.fixtures.server import ferry_server
 

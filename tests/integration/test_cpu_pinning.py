@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
-from ferry.worker.cpu_pinning import USER_AFFINITY
+from ferry.wire.environment import USER_AFFINITY
 from tests.fixtures.models import HANDLERS
 from tests.fixtures.server import ferry_server
 

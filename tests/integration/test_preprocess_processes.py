@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from ferry.handlers.base_handler import BaseHandler
-from ferry.handlers.exceptions import PredictionException
-from ferry.worker import cpu_pinning
+from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.contract.exceptions import PredictionException
+from ferry.worker import pinned_cores
 from ferry.worker.pipeline import PipelineSettings, StagePipeline
 from ferry.worker.preprocess_processes import PreprocessProcessDied
 from tests.fixtures.handler_inputs import batch_context
@@ -93,7 +93,7 @@ def test_with_cpu_pinning_children_use_every_core_of_the_worker() -> None:
     """A pinned worker's main thread is bound to its first core, and a spawned child
     inherits that: the pool's children take all the worker's cores back."""
     cores = tuple(sorted(os.sched_getaffinity(0)))
-    cpu_pinning._worker_cores = cores
+    pinned_cores._worker_cores = cores
     os.sched_setaffinity(0, cores[:1])  # this thread, as OpenMP binds a worker's
     try:
         settings = PipelineSettings(2, 1, 1, preprocess_in_processes=True)
@@ -104,5 +104,5 @@ def test_with_cpu_pinning_children_use_every_core_of_the_worker() -> None:
             stages.close()
     finally:
         os.sched_setaffinity(0, cores)
-        cpu_pinning._worker_cores = None
+        pinned_cores._worker_cores = None
     assert [count for count, _ in results] == [len(cores)] * 4

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from ferry.worker import process as worker_process
-from ferry.worker.handle import StartFailure, WorkerStartFailed
-from ferry.worker.process import WorkerProcess
+from ferry.worker_handles import process as worker_process
+from ferry.worker_handles.handle import StartFailure, WorkerStartFailed
+from ferry.worker_handles.process import WorkerProcess
 from tests.fixtures.fake_worker import spec
 
 # Reads the spec frame, answers with a frame of protocol version 99, then waits forever.

@@ -67,8 +67,8 @@ def test_explicit_batch_sizes_are_all_measured(monkeypatch: pytest.MonkeyPatch) 
 
 def test_profile_reports_the_optimizations_the_handler_runs_with() -> None:
     from ferry.bench.profile_report import format_optimizations
-    from ferry.handlers.base_handler import BaseHandler
-    from ferry.handlers.optimize import Optimizations
+    from ferry.handlers.builtin.base_handler import BaseHandler
+    from ferry.handlers.builtin.optimize import Optimizations
 
     handler = BaseHandler()
     handler.optimizations = Optimizations(precision="bf16", batch_buckets=(1, 8))
@@ -98,7 +98,7 @@ class _Handler:
     ``row-error``."""
 
     def __init__(self) -> None:
-        from ferry.handlers.context import Context
+        from ferry.handlers.contract.context import Context
 
         self.context = Context("m", ".", {}, 1, None)
 

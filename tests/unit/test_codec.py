@@ -3,8 +3,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from ferry.worker import codec
-from ferry.worker.messages import (
+from ferry.wire import codec
+from ferry.wire.messages import (
     PROTOCOL_VERSION,
     BatchResult,
     CancelRequests,

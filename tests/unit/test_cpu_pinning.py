@@ -11,24 +11,20 @@ from typing import cast
 
 import pytest
 
-from ferry.worker import cpu_pinning, process
-from ferry.worker.cpu_pinning import (
-    PINNED_BY_FERRY,
-    CoreAllocator,
-    CoreClaim,
-    forget_pinning,
-    pinned_environment,
-    user_pins_threads,
-)
-from ferry.worker.process import WorkerProcess
-from ferry.worker.spec import WorkerSpec
+from ferry.wire.environment import PINNED_BY_FERRY, pinned_environment, user_pins_threads
+from ferry.wire.spec import WorkerSpec
+from ferry.worker import pinned_cores
+from ferry.worker.pinned_cores import forget_pinning
+from ferry.worker_handles import process
+from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
+from ferry.worker_handles.process import WorkerProcess
 
 
 @pytest.fixture(autouse=True)
 def unpinned_afterwards() -> Iterator[None]:
     """``forget_pinning`` remembers the worker's cores for the process: not past a test."""
     yield
-    cpu_pinning._worker_cores = None
+    pinned_cores._worker_cores = None
 
 
 def test_no_two_live_workers_hold_a_core_and_released_cores_are_handed_out_again() -> None:
@@ -74,7 +70,7 @@ def test_a_pinned_workers_own_threads_may_use_all_its_cores() -> None:
 
     def stage_thread() -> None:
         os.sched_setaffinity(0, every[:1])  # as if started by a thread bound to one core
-        cpu_pinning.spread_over_worker_cores()
+        pinned_cores.spread_over_worker_cores()
         seen.append(os.sched_getaffinity(0))
 
     thread = threading.Thread(target=stage_thread)

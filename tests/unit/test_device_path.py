@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from ferry.handlers.base_handler import BaseHandler
-from ferry.handlers.context import Context
-from ferry.handlers.device import CudaPath, HostPath, device_path_for
+from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.builtin.device import CudaPath, HostPath, device_path_for
+from ferry.handlers.contract.context import Context
 from ferry.worker.pipeline import PipelineSettings, StagePipeline
 
 

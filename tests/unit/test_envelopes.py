@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ferry.handlers.context import Context
-from ferry.handlers.request_envelope import wrap
+from ferry.handlers.contract.context import Context
+from ferry.handlers.torchserve.request_envelope import wrap
 
 
 def _context(tmp_path: Path, count: int, headers: dict[str, str] | None = None) -> Context:

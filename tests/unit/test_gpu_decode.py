@@ -14,10 +14,10 @@ import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFilter
 
-from ferry.handlers.context import Context
-from ferry.handlers.gpu_decode import decode_each, is_jpeg, load_gpu_jpeg_decoder
-from ferry.handlers.image_classifier import ImageClassifier
-from ferry.handlers.vision import ImageTransform
+from ferry.handlers.builtin.gpu_decode import decode_each, is_jpeg, load_gpu_jpeg_decoder
+from ferry.handlers.builtin.image_classifier import ImageClassifier
+from ferry.handlers.builtin.vision import ImageTransform
+from ferry.handlers.contract.context import Context
 
 
 def _photo(seed: int, size: tuple[int, int] = (640, 480), fmt: str = "JPEG") -> bytes:

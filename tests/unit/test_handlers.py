@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ferry.errors import ArchiveError
-from ferry.handlers.context import Context
-from ferry.handlers.image_classifier import ImageClassifier
-from ferry.handlers.loader import load_entry_point
-from ferry.handlers.model_loading import load_model, select_device
-from ferry.worker.messages import InputPart, PredictBatch, RequestItem
+from ferry.handlers.builtin.image_classifier import ImageClassifier
+from ferry.handlers.builtin.model_loading import load_model, select_device
+from ferry.handlers.contract.context import Context
+from ferry.handlers.contract.loader import load_entry_point
+from ferry.wire.messages import InputPart, PredictBatch, RequestItem
 from ferry.worker.payloads import encode_output, request_row
 from ferry.worker.runner import BatchRunner
 from tests.fixtures.handler_inputs import png
@@ -225,7 +225,7 @@ def test_image_classifier_batch_with_one_undecodable_image(tmp_path: Path) -> No
 
 
 def test_base_handler_keeps_torchserve_loading_helpers(tmp_path: Path) -> None:
-    from ferry.handlers.base_handler import BaseHandler
+    from ferry.handlers.builtin.base_handler import BaseHandler
 
     save_torchscript(Doubler(), tmp_path / "m.pt")
     torch.save(Doubler().state_dict(), tmp_path / "w.pt")
@@ -240,8 +240,8 @@ def test_base_handler_keeps_torchserve_loading_helpers(tmp_path: Path) -> None:
 def test_explanations_without_captum_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
-    from ferry.handlers.exceptions import PredictionException
-    from ferry.handlers.insights import IntegratedGradients
+    from ferry.handlers.builtin.insights import IntegratedGradients
+    from ferry.handlers.contract.exceptions import PredictionException
 
     real_import = builtins.__import__
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ferry.errors import InvalidInput, RequestTooLarge
-from ferry.handlers.context import Context
+from ferry.handlers.contract.context import Context
 from ferry.protocols import tensor_bytes, untrusted_json, v2
-from ferry.worker.messages import InputPart, PredictBatch, RequestItem
+from ferry.wire.messages import InputPart, PredictBatch, RequestItem
 from ferry.worker.payloads import encode_output, request_row
 from ferry.worker.runner import BatchRunner
 

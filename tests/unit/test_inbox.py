@@ -9,9 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ferry.worker import codec
-from ferry.worker.inbox import Inbox
-from ferry.worker.messages import (
+from ferry.wire import codec
+from ferry.wire.messages import (
     CancelRequests,
     InputPart,
     Message,
@@ -19,6 +18,7 @@ from ferry.worker.messages import (
     RequestItem,
     StartWorker,
 )
+from ferry.worker.inbox import Inbox
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from ferry import log_escape
 from ferry.log_escape import EscapingRecordFactory, Verbatim, escape_control
-from ferry.worker.output_relay import relay_line
+from ferry.worker_handles.output_relay import relay_line
 
 FORGED = "2026-11-26 11:38:07,003 INFO ferry.access: method=DELETE path=models status=200"
 

@@ -27,7 +27,7 @@ from ferry.config.sections import (
     handler_section,
 )
 from ferry.errors import ArchiveError, ConfigError, ModelConfigError
-from ferry.handlers.optimize import DTYPES, Optimizations
+from ferry.handlers.builtin.optimize import DTYPES, Optimizations
 from ferry.store.archive import open_model
 from ferry.worker.pipeline import PipelineSettings
 from tests.fixtures.models import digest_archive

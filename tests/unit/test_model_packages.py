@@ -21,7 +21,7 @@ from ferry.config.settings import ServerSettings
 from ferry.config.sources import load_settings
 from ferry.errors import ConfigError, PackageInstallFailed
 from ferry.service import FerryService
-from ferry.service_types import RegisterRequest
+from ferry.service.types import RegisterRequest
 from ferry.store.packages import install_packages, pip_command, requirements_path
 from ferry.store.pip_sources import UNRESTRICTED, PipSources
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -287,7 +287,7 @@ def test_a_registration_whose_requirements_escape_the_index_is_refused(
         try:
             with pytest.raises(PackageInstallFailed, match=re.escape(REFUSAL)):
                 await service.register(RegisterRequest("m.mar", synchronous=True))
-            assert list(service.work_dir.iterdir()) == []
+            assert list(service.models.work_dir.iterdir()) == []
             assert service.model_names() == []
         finally:
             await service.close()

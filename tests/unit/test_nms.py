@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from ferry.handlers.nms import batched_nms, box_iou, nms_torch
+from ferry.handlers.builtin.nms import batched_nms, box_iou, nms_torch
 
 
 def test_iou() -> None:

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from ferry.errors import ConfigError
-from ferry.handlers.base_handler import BaseHandler
-from ferry.handlers.context import Context
-from ferry.handlers.optimize import Optimizations, warm_up
+from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.builtin.optimize import Optimizations, warm_up
+from ferry.handlers.contract.context import Context
 from tests.fixtures.models import save_torchscript
 
 
@@ -153,8 +153,8 @@ def test_invalid_switches_name_the_section(model_dir: Path) -> None:
 def test_onnx_model_answers_like_torch(tmp_path: Path) -> None:
     import warnings
 
-    from ferry.handlers.model_loading import load_model, select_device
-    from ferry.handlers.onnx_model import OnnxModel
+    from ferry.handlers.builtin.model_loading import load_model, select_device
+    from ferry.handlers.builtin.onnx_model import OnnxModel
 
     model = _cnn()
     with warnings.catch_warnings():
@@ -202,7 +202,7 @@ def test_cuda_graphs_need_fixed_shapes_and_no_compile() -> None:
 def test_cuda_graphs_are_ignored_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from ferry.handlers.optimize import graph_model
+    from ferry.handlers.builtin.optimize import graph_model
 
     model = _Recorder()
     options = Optimizations(cuda_graphs=True, warmup_shape=(2,), batch_buckets=(4,))
@@ -212,7 +212,7 @@ def test_cuda_graphs_are_ignored_on_cpu(caplog: pytest.LogCaptureFixture) -> Non
 
 
 def test_graphed_model_replays_captured_shapes_and_runs_others_eagerly() -> None:
-    from ferry.handlers.optimize import GraphedModel
+    from ferry.handlers.builtin.optimize import GraphedModel
 
     captured: list[tuple[int, Any]] = []
     replayed: list[tuple[int, ...]] = []

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ferry.errors import ConfigError
-from ferry.handlers.context import Context
-from ferry.handlers.image_classifier import ImageClassifier
+from ferry.handlers.builtin.image_classifier import ImageClassifier
+from ferry.handlers.contract.context import Context
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
 from tests.fixtures.handler_inputs import batch_context, png
 

@@ -24,17 +24,18 @@ from ferry.config.image_limits import ImageLimits
 from ferry.config.settings import ServerSettings, default_max_workers_total
 from ferry.config.sources import load_settings
 from ferry.errors import ArchiveError, ConfigError, InvalidInput, InvalidRequest, ModelLoadFailed
-from ferry.handlers.context import Context
-from ferry.handlers.image_classifier import ImageClassifier
-from ferry.handlers.vision import ImageTransform
-from ferry.service import FerryService, over_worker_limit
-from ferry.service_types import RegisterRequest
+from ferry.handlers.builtin.image_classifier import ImageClassifier
+from ferry.handlers.builtin.vision import ImageTransform
+from ferry.handlers.contract.context import Context
+from ferry.scheduling.sizing import over_worker_limit
+from ferry.service import FerryService
+from ferry.service.types import RegisterRequest
 from ferry.store import ArchiveSpec, open_model, write_archive
 from ferry.store.extract import extract_tar, extract_zip
 from ferry.store.workdir import open_work_dir, sweep_stale
-from ferry.worker import codec
-from ferry.worker.messages import StartWorker
-from ferry.worker.spec import WorkerSpec
+from ferry.wire import codec
+from ferry.wire.messages import StartWorker
+from ferry.wire.spec import WorkerSpec
 from tests.fixtures.fake_worker import FakeFactory, load_error
 from tests.fixtures.handler_inputs import bomb_png
 from tests.fixtures.models import digest_archive
@@ -183,7 +184,7 @@ def _service(store: Path, factory: FakeFactory | None = None, **settings: Any) -
 
 
 def _unpacked(service: FerryService) -> list[Path]:
-    return list(Path(service._work_dir.name).iterdir())
+    return list(service.models.work_dir.iterdir())
 
 
 def test_unregistering_frees_the_unpacked_folder(store: Path) -> None:
@@ -215,7 +216,7 @@ def test_closing_frees_every_folder_and_the_work_folder(store: Path) -> None:
     async def scenario() -> None:
         service = _service(store, models=("good=good.mar",))
         await service.load_startup_models()
-        work = Path(service._work_dir.name)
+        work = service.models.work_dir
         (unpacked,) = _unpacked(service)
         await service.close()
         assert not unpacked.exists() and not work.exists()

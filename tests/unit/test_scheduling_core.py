@@ -20,7 +20,7 @@ from ferry.errors import (
     WorkerDied,
 )
 from ferry.metrics.definitions import FerryMetrics
-from ferry.scheduling.jobs import InferenceResponse
+from ferry.scheduling.jobs import Prediction
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES, Backoff, RecyclePolicy, SlotState
 from tests.fixtures.fake_worker import (
@@ -73,7 +73,7 @@ async def wait_until(condition: Callable[[], bool]) -> None:
 
 
 def bodies(results: list[Any]) -> list[bytes]:
-    return [r.body for r in results if isinstance(r, InferenceResponse)]
+    return [r.body for r in results if isinstance(r, Prediction)]
 
 
 def test_echo_answers_every_request() -> None:
@@ -194,7 +194,7 @@ def test_an_error_in_delivery_answers_the_batch_and_the_slot_carries_on() -> Non
         first = make_job(b"1")
         runner.submit(first)
         (result,) = await outcomes([first])
-        assert isinstance(result, InferenceResponse | WorkerDied | HandlerFailed)
+        assert isinstance(result, Prediction | WorkerDied | HandlerFailed)
         second = make_job(b"2")
         runner.submit(second)
         assert bodies(await outcomes([second])) == [b"2"]

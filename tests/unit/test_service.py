@@ -8,18 +8,21 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from ferry.config.settings import ServerSettings
+from ferry.apis import pinned_cores
+from ferry.config.settings import ServerSettings, available_cores
 from ferry.errors import ModelLoadFailed, ModelNotFound, NoWorkerAvailable
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
-from ferry.service import FerryService
-from ferry.service_types import Health, InputPart, ModelRef, Prediction, RegisterRequest
+from ferry.scheduling.sizing import Machine
+from ferry.service import FerryService, startup
+from ferry.service.types import Health, InputPart, ModelRef, Prediction, RegisterRequest
 from ferry.store.archive import open_model
-from ferry.worker.cpu_pinning import USER_AFFINITY
-from ferry.worker.spec import WorkerSpec
+from ferry.wire.environment import USER_AFFINITY
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.core_allocation import CoreAllocator
 from tests.fixtures.fake_worker import Behaviour, FakeWorker, load_error
 from tests.fixtures.models import digest_archive
 
@@ -63,7 +66,19 @@ def store(tmp_path: Path) -> Path:
 
 def service_for(store: Path, *broken: str, **settings: object) -> FerryService:
     values: dict[str, object] = {"model_store": store, "enable_model_api": True, **settings}
-    return FerryService(ServerSettings(**values), start_worker=ByModel(*broken))  # type: ignore[arg-type]
+    return _service(ServerSettings(**values), ByModel(*broken))  # type: ignore[arg-type]
+
+
+def _pinned(service: FerryService) -> CoreAllocator | None:
+    return cast(CoreAllocator | None, service.models.machine.pinned)
+
+
+def _service(settings: ServerSettings, workers: ByModel) -> FerryService:
+    """As ``ferry.apis`` assembles it (the cores it pins with ``cpu_pinning`` included),
+    with fake workers."""
+    pinned = pinned_cores(settings.cpu_pinning, None)
+    machine = Machine(available_cores(), 0, pinned)
+    return FerryService(settings, workers, machine)
 
 
 def test_health_is_torchserves_rule_over_start_up_models(store: Path) -> None:
@@ -95,21 +110,23 @@ def test_health_is_unhealthy_when_no_start_up_worker_runs(store: Path) -> None:
     run(scenario)
 
 
-def test_health_is_unhealthy_while_start_up_archives_open(store: Path) -> None:
+def test_health_is_unhealthy_while_start_up_archives_open(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The listeners serve before start-up models are registered: /ping must not say
     Healthy then (it did, and ``ferry bench`` sent requests that got 404)."""
 
     async def scenario() -> None:
         service = service_for(store, models=("good=good.mar",))
         opening, release = threading.Event(), threading.Event()
-        open_model_now = service._open_startup_model
+        open_model_now = startup.open_startup_model
 
         def slow_open(*args: Any) -> Any:
             opening.set()
             release.wait(BOUND)
             return open_model_now(*args)
 
-        service._open_startup_model = slow_open  # type: ignore[method-assign,assignment]
+        monkeypatch.setattr("ferry.service.lifecycle.open_startup_model", slow_open)
         loading = asyncio.create_task(service.load_startup_models())
         await asyncio.to_thread(opening.wait, BOUND)
         assert service.health() == Health("Unhealthy")
@@ -193,7 +210,8 @@ def test_archives_are_opened_off_the_event_loop(
         threads.append(threading.current_thread())
         return real_open(*args, **kwargs)
 
-    monkeypatch.setattr("ferry.service.open_model", recording_open)
+    monkeypatch.setattr("ferry.service.lifecycle.open_model", recording_open)  # registration
+    monkeypatch.setattr("ferry.service.startup.open_model", recording_open)  # start-up models
 
     async def scenario() -> None:
         service = service_for(store, models=("good=good.mar",))
@@ -224,7 +242,7 @@ def test_pinned_workers_split_the_cores_those_of_later_models_what_is_left(
         service = service_for(store, models=("good=good.mar", "bad=bad.mar"), cpu_pinning=True)
         await service.load_startup_models()
         assert (threads(service, "good"), threads(service, "bad")) == (4, 4)
-        cores = service._pinned_cores
+        cores = _pinned(service)
         assert cores is not None
         cores.claim(6)  # as if their workers, were they real processes, held 6 of them
         await service.register(RegisterRequest(url="late.mar", initial_workers=2, synchronous=True))
@@ -257,8 +275,8 @@ def test_scaling_up_gives_new_workers_the_model_s_share_for_its_new_count(
 
     async def scenario() -> None:
         settings = {"model_store": store, "enable_model_api": True, "cpu_pinning": pinning}
-        service = FerryService(ServerSettings(**settings), start_worker=workers)  # type: ignore[arg-type]
-        cores = service._pinned_cores
+        service = _service(ServerSettings(**settings), workers)  # type: ignore[arg-type]
+        cores = _pinned(service)
         await service.register(RegisterRequest(url="good.mar", initial_workers=0))
         await service.scale("good", None, 2, 2, synchronous=True)
         assert new_threads(2) == [4, 4]
@@ -307,7 +325,7 @@ def test_unpinned_each_models_workers_split_every_core(
     async def scenario() -> None:
         pinning = {"cpu_pinning": True} if users_binding else {}
         service = service_for(store, models=("good=good.mar", "bad=bad.mar"), **pinning)
-        assert service._pinned_cores is None
+        assert _pinned(service) is None
         await service.load_startup_models()
         assert [service._runner(name).settings.torch_threads for name in ("good", "bad")] == [8, 8]
         await service.close()

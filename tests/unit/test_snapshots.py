@@ -9,7 +9,7 @@ import pytest
 from ferry.config.settings import ServerSettings
 from ferry.config.sources import load_settings, read_properties
 from ferry.errors import ConfigError
-from ferry.snapshots import (
+from ferry.service.snapshots import (
     KEEP,
     ServerSnapshot,
     VersionSnapshot,

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from ferry.errors import HandlerFailed, ResponseTimeout, WorkerDied
-from ferry.handlers.context import Context, IntermediateResponse
-from ferry.handlers.mock_context import MockContext
-from ferry.handlers.streaming import send_intermediate_predict_response
-from ferry.scheduling.jobs import StreamedPart
-from ferry.worker.messages import (
+from ferry.handlers.contract.context import Context, IntermediateResponse
+from ferry.handlers.contract.streaming import send_intermediate_predict_response
+from ferry.handlers.torchserve.mock_context import MockContext
+from ferry.scheduling.jobs import PredictionPart
+from ferry.wire.messages import (
     InputPart,
     ItemResult,
     Message,
@@ -100,7 +100,7 @@ class Collected:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    def add(self, part: StreamedPart) -> None:
+    def add(self, part: PredictionPart) -> None:
         self.bodies.append(part.body)
 
 
@@ -130,7 +130,7 @@ def test_requests_that_streamed_are_answered_not_retried_when_the_worker_dies() 
         runner = runner_with(factory, batch_size=2)
         runner.start()
         await runner.wait_started()
-        parts: list[StreamedPart] = []
+        parts: list[PredictionPart] = []
         jobs = [make_job(body, on_part=parts.append) for body in (b"a", b"b")]
         for job in jobs:
             runner.submit(job)
@@ -164,7 +164,7 @@ def test_a_consumer_that_refuses_a_part_fails_only_that_request() -> None:
         runner.start()
         await runner.wait_started()
 
-        def refuse(part: StreamedPart) -> None:
+        def refuse(part: PredictionPart) -> None:
             raise HandlerFailed("too much")
 
         refused = make_job(b"a", on_part=refuse)
@@ -180,7 +180,7 @@ def test_a_consumer_that_refuses_a_part_fails_only_that_request() -> None:
 
 
 def test_item_results_and_parts_round_trip_the_codec() -> None:
-    from ferry.worker import codec
+    from ferry.wire import codec
 
     part = PartialResult(3, "r1", b"\x00bytes", "application/octet-stream", 206)
     frame = codec.encode(part)
@@ -199,7 +199,7 @@ def test_each_part_restarts_the_response_timeout() -> None:
         runner.start()
         await runner.wait_started()
 
-        def late_part(part: StreamedPart) -> None:
+        def late_part(part: PredictionPart) -> None:
             now[0] += 9.0  # each part comes 9 s after the last: 18 s in all
 
         job = make_job(b"a", on_part=late_part)
@@ -213,7 +213,7 @@ def test_each_part_restarts_the_response_timeout() -> None:
 def test_parts_a_slow_client_has_not_read_are_bounded() -> None:
     from ferry.errors import ResponseTooLarge
     from ferry.http.streaming import PredictionEvents
-    from ferry.service_types import PredictionPart
+    from ferry.service.types import PredictionPart
 
     async def scenario() -> None:
         events = PredictionEvents(max_pending_bytes=10)

@@ -25,14 +25,17 @@ from ferry.config.sources import (
     OPTIONS_BY_KEY,
     load_settings,
 )
-from ferry.describe import model_json
 from ferry.errors import ArchiveError, HandlerFailed, ModelConfigError
 from ferry.http.errors import error_response
 from ferry.http.listener import with_cors
-from ferry.service import MAX_REQUEST_ID, FerryService
-from ferry.service_types import Health, InputPart
+from ferry.protocols.describe import model_json
+from ferry.scheduling.model_runner import RunnerSettings
+from ferry.scheduling.sizing import Machine, runner_settings
+from ferry.service import FerryService
+from ferry.service.requests import MAX_REQUEST_ID, RequestIds
+from ferry.service.types import Health, InputPart
 from ferry.store.archive import open_model
-from ferry.worker.spec import WorkerSpec
+from ferry.wire.spec import WorkerSpec
 from tests.fixtures.fake_worker import Behaviour, FakeWorker
 from tests.fixtures.models import digest_archive
 
@@ -126,18 +129,19 @@ def test_predict_runs_under_the_clients_request_id_or_a_generated_one(store: Pat
         for unusable in ("", "x" * (MAX_REQUEST_ID + 1), "has space", "caf\u00e9", "r7"):
             answer = await service.predict("good", None, part, {"x-request-id": unusable})
             assert answer.request_id != unusable and answer.request_id.startswith("r")
-        assert not service._client_request_ids  # released once answered
+        assert not service._request_ids._in_flight  # released once answered
         await service.close()
 
     run(scenario)
 
 
-def test_a_request_id_already_in_flight_is_not_reused(store: Path) -> None:
-    service = _service(store)
-    assert service._choose_request_id("same") == "same"
-    second = service._choose_request_id("same")
+def test_a_request_id_already_in_flight_is_not_reused() -> None:
+    ids = RequestIds()
+    assert ids.choose("same") == "same"
+    second = ids.choose("same")
     assert second != "same" and second.startswith("r")
-    run(service.close)
+    ids.release("same")
+    assert ids.choose("same") == "same"
 
 
 # --- PredictionException ---------------------------------------------------------------
@@ -277,17 +281,27 @@ def test_the_models_queue_and_startup_timeout_win_over_the_servers(
     store: Path, tmp_path: Path
 ) -> None:
     digest_archive(store, "tiny", jobQueueSize=2, startupTimeout=30)
-    service = _service(store, job_queue_size=50)
+    settings = ServerSettings(model_store=store, job_queue_size=50)
     work = tmp_path / "work"
     work.mkdir()
-    tiny = service._runner_settings(open_model(store, "tiny.mar", work), None)
+
+    def plan(name: str, requested_startup_timeout: float | None) -> RunnerSettings:
+        config = open_model(store, f"{name}.mar", work).config
+        return runner_settings(
+            config,
+            settings,
+            Machine(2, 0),
+            gpu_ids=(),
+            requested_startup_timeout=requested_startup_timeout,
+        )
+
+    tiny = plan("tiny", None)
     assert tiny.queue_capacity == 2 and tiny.startup_timeout == 30
     # TorchServe's precedence: model-config.yaml's startupTimeout wins over the request's.
-    assert service._runner_settings(open_model(store, "tiny.mar", work), 90).startup_timeout == 30
-    good = service._runner_settings(open_model(store, "good.mar", work), None)
+    assert plan("tiny", 90).startup_timeout == 30
+    good = plan("good", None)
     assert good.queue_capacity == 50 and good.startup_timeout == 120
-    assert service._runner_settings(open_model(store, "good.mar", work), 0).startup_timeout == 0
-    run(service.close)
+    assert plan("good", 0).startup_timeout == 0
 
 
 # --- describe --------------------------------------------------------------------------

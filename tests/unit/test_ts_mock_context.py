@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from ferry._compat import SHIM_ROOT
+from ferry.worker.loading import SHIM_ROOT
 from tests.fixtures.models import DOUBLING_MODEL, Doubler, save_torchscript
 
 

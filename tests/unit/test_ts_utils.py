@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from ferry.handlers.base_handler import BaseHandler
-from ferry.handlers.context import Context
-from ferry.handlers.metrics import Dimension, HandlerMetrics, MetricTypes
-from ferry.handlers.micro_batching import MicroBatching
-from ferry.handlers.mock_context import MockContext
-from ferry.handlers.request_envelope import BaseEnvelope
-from ferry.handlers.text_classifier import TextClassifier
-from ferry.handlers.timer import timed
-from ferry.handlers.ts_utils import import_class, map_class_to_label
+from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.builtin.text_classifier import TextClassifier
+from ferry.handlers.contract.context import Context
+from ferry.handlers.contract.metrics import Dimension, HandlerMetrics, MetricTypes
+from ferry.handlers.torchserve.mock_context import MockContext
+from ferry.handlers.torchserve.request_envelope import BaseEnvelope
+from ferry.handlers.torchserve.timer import timed
+from ferry.handlers.torchserve.ts_utils import import_class, map_class_to_label
+from ferry.worker.micro_batching import MicroBatching
 
 
 def test_map_class_to_label() -> None:
@@ -40,7 +40,7 @@ def test_map_class_to_label() -> None:
 def test_import_class() -> None:
     assert import_class("collections.OrderedDict") is collections.OrderedDict
     assert import_class("OrderedDict", module_prefix="collections") is collections.OrderedDict
-    assert import_class("metrics.Dimension", module_prefix="ferry.handlers") is Dimension
+    assert import_class("metrics.Dimension", module_prefix="ferry.handlers.contract") is Dimension
     with pytest.raises(ImportError, match="not found in module 'collections'"):
         import_class("collections.NoSuchClass")
     with pytest.raises(ImportError, match="names no module"):

@@ -15,10 +15,10 @@ from PIL import Image
 
 from ferry.config.image_limits import ImageLimits
 from ferry.errors import InvalidInput
-from ferry.handlers.context import Context
-from ferry.handlers.image_classifier import ImageClassifier
-from ferry.handlers.vision import DefaultImageProcessing, ImageToTensor, ImageTransform
-from ferry.handlers.vision_tasks import ImageSegmenter, ObjectDetector
+from ferry.handlers.builtin.image_classifier import ImageClassifier
+from ferry.handlers.builtin.vision import DefaultImageProcessing, ImageToTensor, ImageTransform
+from ferry.handlers.builtin.vision_tasks import ImageSegmenter, ObjectDetector
+from ferry.handlers.contract.context import Context
 from tests.fixtures.handler_inputs import png
 from tests.fixtures.vision_compat import MnistNet, digit_png
 

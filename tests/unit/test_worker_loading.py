@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ferry._compat import SHIM_ROOT
 from ferry.bench import profile as profiling
 from ferry.store.archive import open_model
-from ferry.worker.loading import load_handler, prepare_imports
+from ferry.worker.loading import SHIM_ROOT, load_handler, prepare_imports
 from ferry.worker.pipeline import StagePipeline
 from tests.fixtures.models import ts_style_archive
 

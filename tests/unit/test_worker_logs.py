@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ferry.handlers.context import Context
+from ferry.handlers.contract.context import Context
 from ferry.logs import PLAIN_FORMAT, JsonFormatter
-from ferry.worker.log_forward import (
+from ferry.wire.log_forward import (
     MARKER,
     MAX_LINE_BYTES,
     ForwardFormatter,
@@ -23,9 +23,9 @@ from ferry.worker.log_forward import (
     parse_forwarded,
     request_ids,
 )
-from ferry.worker.messages import PredictBatch, RequestItem
-from ferry.worker.output_relay import OUTPUT_LOGGER, relay_output
+from ferry.wire.messages import PredictBatch, RequestItem
 from ferry.worker.runner import BatchRunner
+from ferry.worker_handles.output_relay import OUTPUT_LOGGER, relay_output
 
 PREFIX = "[digest w0.0 pid 42]"
 

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from ferry.worker import codec
-from ferry.worker.messages import StartWorker
-from ferry.worker.spec import WorkerSpec
-from ferry.worker.torch_setup import GLIBC_MALLOC_SETTINGS, worker_environment
+from ferry.wire import codec
+from ferry.wire.environment import GLIBC_MALLOC_SETTINGS, worker_environment
+from ferry.wire.messages import StartWorker
+from ferry.wire.spec import WorkerSpec
 
 
 def test_worker_environment_adds_malloc_settings_but_user_values_win() -> None:

@@ -16,7 +16,7 @@ import pytest
 from ferry.config.settings import ServerSettings
 from ferry.errors import ArchiveError, HandlerFailed, InvalidRequest, WorkflowNotFound
 from ferry.service import FerryService
-from ferry.service_types import InputPart
+from ferry.service.types import InputPart
 from ferry.store.archive import open_model
 from ferry.workflows import (
     InvalidWorkflow,
@@ -481,7 +481,7 @@ def test_registering_a_war_applies_the_servers_max_unpacked_size(
         try:
             with pytest.raises(ArchiveError, match=r"wf\.war unpacks to more than 1 MiB"):
                 await WorkflowManager(service).register(WorkflowRequest("wf.war"))
-            assert list(service.work_dir.iterdir()) == []
+            assert list(service.models.work_dir.iterdir()) == []
             assert service.model_names() == []
         finally:
             await service.close()

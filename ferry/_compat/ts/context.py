@@ -1,3 +1,3 @@
-from ferry.handlers.context import Context, RequestProcessor
+from ferry.handlers.contract.context import Context, RequestProcessor
 
 __all__ = ["Context", "RequestProcessor"]

@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.handler_utils.timer``."""
 
-from ferry.handlers.timer import timed
+from ferry.handlers.torchserve.timer import timed
 
 __all__ = ["timed"]

@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.handler_utils.utils``."""
 
-from ferry.handlers.ts_utils import import_class
+from ferry.handlers.torchserve.ts_utils import import_class
 
 __all__ = ["import_class"]

@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.metrics.dimension``."""
 
-from ferry.handlers.metrics import Dimension
+from ferry.handlers.contract.metrics import Dimension
 
 __all__ = ["Dimension"]

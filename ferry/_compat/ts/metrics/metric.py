@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.metrics.metric``."""
 
-from ferry.handlers.metrics import Metric
+from ferry.handlers.contract.metrics import Metric
 
 __all__ = ["Metric"]

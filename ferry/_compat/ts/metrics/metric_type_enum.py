@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.metrics.metric_type_enum``."""
 
-from ferry.handlers.metrics import MetricTypes
+from ferry.handlers.contract.metrics import MetricTypes
 
 __all__ = ["MetricTypes"]

@@ -1,9 +1,9 @@
 """TorchServe compatibility: ``ts.protocol.otf_message_handler``.
 
 ``send_intermediate_predict_response`` streams a part of a request's answer before the
-final one (HTTP: a chunked response; see the README's "Streaming" section).
+final one (HTTP: a chunked response; see "Streaming" in docs/handlers.md).
 """
 
-from ferry.handlers.streaming import send_intermediate_predict_response
+from ferry.handlers.contract.streaming import send_intermediate_predict_response
 
 __all__ = ["send_intermediate_predict_response"]

@@ -1,3 +1,3 @@
-from ferry.handlers.base_handler import BaseHandler
+from ferry.handlers.builtin.base_handler import BaseHandler
 
 __all__ = ["BaseHandler"]

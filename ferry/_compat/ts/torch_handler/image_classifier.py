@@ -1,3 +1,3 @@
-from ferry.handlers.image_classifier import ImageClassifier
+from ferry.handlers.builtin.image_classifier import ImageClassifier
 
 __all__ = ["ImageClassifier"]

@@ -1,3 +1,3 @@
-from ferry.handlers.vision_tasks import ImageSegmenter
+from ferry.handlers.builtin.vision_tasks import ImageSegmenter
 
 __all__ = ["ImageSegmenter"]

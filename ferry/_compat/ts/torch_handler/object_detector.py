@@ -1,3 +1,3 @@
-from ferry.handlers.vision_tasks import ObjectDetector
+from ferry.handlers.builtin.vision_tasks import ObjectDetector
 
 __all__ = ["ObjectDetector"]

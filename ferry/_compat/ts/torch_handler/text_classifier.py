@@ -1,3 +1,3 @@
-from ferry.handlers.text_classifier import TextClassifier
+from ferry.handlers.builtin.text_classifier import TextClassifier
 
 __all__ = ["TextClassifier"]

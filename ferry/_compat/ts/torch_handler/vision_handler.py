@@ -1,3 +1,3 @@
-from ferry.handlers.image_classifier import VisionHandler
+from ferry.handlers.builtin.image_classifier import VisionHandler
 
 __all__ = ["VisionHandler"]

@@ -1,8 +1,12 @@
 """TorchServe compatibility: ``ts.utils.util``."""
 
-from ferry.handlers.exceptions import PredictionException
-from ferry.handlers.model_loading import load_label_mapping
-from ferry.handlers.ts_utils import get_yaml_config, list_classes_from_module, map_class_to_label
+from ferry.handlers.builtin.model_loading import load_label_mapping
+from ferry.handlers.contract.exceptions import PredictionException
+from ferry.handlers.torchserve.ts_utils import (
+    get_yaml_config,
+    list_classes_from_module,
+    map_class_to_label,
+)
 
 __all__ = [
     "PredictionException",

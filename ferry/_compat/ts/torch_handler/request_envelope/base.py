@@ -1,3 +1,3 @@
-from ferry.handlers.request_envelope import BaseEnvelope
+from ferry.handlers.torchserve.request_envelope import BaseEnvelope
 
 __all__ = ["BaseEnvelope"]

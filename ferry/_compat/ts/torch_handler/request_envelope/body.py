@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.torch_handler.request_envelope.body``."""
 
-from ferry.handlers.request_envelope import BodyEnvelope
+from ferry.handlers.torchserve.request_envelope import BodyEnvelope
 
 __all__ = ["BodyEnvelope"]

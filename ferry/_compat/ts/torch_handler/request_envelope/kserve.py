@@ -1,5 +1,5 @@
 """TorchServe compatibility: ``ts.torch_handler.request_envelope.kserve``."""
 
-from ferry.handlers.request_envelope import KServeEnvelope
+from ferry.handlers.torchserve.request_envelope import KServeEnvelope
 
 __all__ = ["KServeEnvelope"]

@@ -1,0 +1,1 @@
+"""The built-in handlers: ``BaseHandler`` and the vision and text handlers built on it."""

@@ -1,0 +1,71 @@
+"""Loading weights the ways TorchServe archives ship them: TorchScript, eager, torch.export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferry.errors import ArchiveError
+from ferry.handlers.contract.loader import classes_defined_in, import_file
+
+
+def select_device(gpu_id: int | None) -> torch.device:
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")
+
+
+def _load_eager(model_file: Path, weights: Path | None, device: torch.device) -> torch.nn.Module:
+    classes = classes_defined_in(import_file(model_file), torch.nn.Module)
+    if len(classes) != 1:
+        names = [cls.__name__ for cls in classes]
+        raise ArchiveError(
+            f"{model_file.name} must define exactly one nn.Module class, found {names}"
+        )
+    model: torch.nn.Module = classes[0]()
+    if weights is not None:
+        state = torch.load(weights, map_location=device, weights_only=True)
+        model.load_state_dict(state)
+    return model
+
+
+def load_model(
+    model_dir: Path, serialized_file: str | None, model_file: str | None, device: torch.device
+) -> torch.nn.Module | None:
+    """The model described by the manifest, in eval mode on ``device``; None if it names none."""
+    weights = model_dir / serialized_file if serialized_file else None
+    if weights is not None and not weights.is_file():
+        raise ArchiveError(f"serialized file {serialized_file!r} not found in the archive")
+    model: Any
+    if weights is not None and weights.suffix == ".onnx":
+        from ferry.handlers.builtin.onnx_model import OnnxModel
+
+        return OnnxModel(weights, device)  # type: ignore[return-value]
+    if weights is not None and weights.suffix == ".pt2":
+        model = torch.export.load(str(weights)).module()
+    elif model_file:
+        model = _load_eager(model_dir / model_file, weights, device)
+    elif weights is not None:
+        model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
+    else:
+        return None
+    model = model.to(device)
+    if hasattr(model, "eval") and not isinstance(model, torch.fx.GraphModule):
+        model.eval()
+    return model  # type: ignore[no-any-return]
+
+
+def load_label_mapping(path: str | Path) -> dict[str, str] | None:
+    """``index_to_name.json``: class index (as a string) to label."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    mapping = json.loads(path.read_text())
+    if not isinstance(mapping, dict):
+        raise ArchiveError(f"{path.name} must map class indices to labels")
+    return {
+        str(key): value if isinstance(value, str) else value[-1] for key, value in mapping.items()
+    }

@@ -1,0 +1,1 @@
+"""TorchServe's handler utilities, for handlers written against ``ts.*``."""

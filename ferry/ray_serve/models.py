@@ -1,0 +1,104 @@
+"""The management calls (``ferry.service.types.ModelOperations``) over the Ray Serve
+application: a model version is a deployment, its workers are the deployment's replicas.
+``ferry serve --ray``'s management API is Ferry's own HTTP adapter over these
+(``ferry.http.management.operations_routes``): the same parameters, answers and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ferry.errors import InvalidRequest, ModelNotFound
+from ferry.ray_serve.deployer import Deployer
+from ferry.ray_serve.plan import DeploymentPlan
+from ferry.service.status import ModelStatus
+from ferry.service.types import ModelPage, ModelRef, Registration, page_of
+
+log = logging.getLogger("ferry")
+
+
+class RayModels:
+    """The application's model versions, as the management API sees them."""
+
+    def __init__(self, deployer: Deployer) -> None:
+        self._deployer = deployer
+        self._scaling: set[asyncio.Task[None]] = set()
+
+    def _plan(self, name: str, version: str | None) -> DeploymentPlan:
+        if version == "all":  # one version per model on Ray: its default
+            version = None
+        key = f"{name}/{version or self._deployer.defaults.get(name, '')}"
+        plan = self._deployer.plans.get(key)
+        if plan is None:
+            raise ModelNotFound(f"Model not found: {name}")
+        return plan
+
+    def list_models(self, limit: int, page_token: int) -> ModelPage:
+        defaults = self._deployer.defaults
+        page, token = page_of(sorted(defaults), limit, page_token)
+        plans = self._deployer.plans
+        models = [(name, plans[f"{name}/{defaults[name]}"].entry.split("=", 1)[1]) for name in page]
+        return ModelPage(models, token)
+
+    def describe(self, name: str, version: str | None) -> list[ModelStatus]:
+        plan = self._plan(name, version)
+        # Ray Serve's controller, asked in the loop: the management API's only work.
+        return [_status(plan, self._deployer.replicas(plan))]
+
+    async def scale(
+        self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
+    ) -> Registration:
+        """Set the deployment's replicas (autoscaling between the two when they differ)."""
+        if min_worker < 0 or max_worker < min_worker:
+            raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
+        plan = self._plan(name, version)
+        key = f"{plan.name}/{plan.version}"
+        scaling = asyncio.create_task(self._deployer.scale(key, min_worker, max_worker))
+        ref = ModelRef(plan.name, plan.version)
+        if synchronous:
+            await scaling
+            return Registration(ref, min_worker, ready=True)
+        self._scaling.add(scaling)
+        scaling.add_done_callback(self._scaled)
+        return Registration(ref, min_worker, ready=False)
+
+    def _scaled(self, task: asyncio.Task[None]) -> None:
+        self._scaling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scaling failed: %s", task.exception())
+
+
+def _status(plan: DeploymentPlan, replicas: dict[str, int]) -> ModelStatus:
+    """A deployment as a describe entry: its replicas for workers, and Ray's own view
+    under ``ray``. Each replica queues its own requests, out of the driver's sight."""
+    auto = plan.autoscaling or {}
+    low = plan.num_replicas if plan.num_replicas is not None else int(auto.get("min_replicas", 0))
+    high = (
+        plan.num_replicas if plan.num_replicas is not None else int(auto.get("max_replicas", low))
+    )
+    return ModelStatus(
+        name=plan.name,
+        version=plan.version,
+        url=plan.entry.split("=", 1)[1],
+        min_workers=low,
+        max_workers=high,
+        batch_size=plan.batch_size,
+        max_batch_delay_ms=plan.max_batch_delay_ms,
+        response_timeout=plan.response_timeout,
+        loaded_at_startup=True,
+        workers=[],
+        queue_capacity=plan.max_ongoing_requests - plan.batch_size,
+        pending_requests=None,
+        ready=replicas.get("RUNNING", 0) > 0,
+        last_error="",
+        batch_policy={"name": plan.batch_policy},
+        extra={
+            "ray": {
+                "deployment": plan.deployment,
+                "replicas": replicas,
+                "autoscalingConfig": plan.autoscaling,
+                "rayActorOptions": plan.actor_options,
+            }
+        },
+    )

@@ -1,0 +1,264 @@
+"""``FerryService``: what every transport calls. Requests (``admit``, ``submit``,
+``predict``), health and readiness, and the management calls; model versions come and go
+in ``ferry.service.lifecycle``, reads of the registry are ``ferry.service.queries``.
+Nothing here knows a transport, or how a worker runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from ferry.config.settings import ServerSettings, available_cores
+from ferry.errors import (
+    ClientGone,
+    FerryError,
+    ModelApiDisabled,
+    NoWorkerAvailable,
+    ResponseTooLarge,
+)
+from ferry.metrics.definitions import FerryMetrics
+from ferry.scheduling.jobs import PredictionPart, next_request_id
+from ferry.scheduling.model_runner import ModelRunner
+from ferry.scheduling.registry import ModelRegistry
+from ferry.scheduling.sizing import Machine
+from ferry.service import queries
+from ferry.service.lifecycle import ModelLifecycle
+from ferry.service.pending import PendingPrediction
+from ferry.service.requests import RequestIds, deadline_budget, request_priority
+from ferry.service.status import ModelStatus
+from ferry.service.types import (
+    Health,
+    InputPart,
+    ModelMetadata,
+    ModelPage,
+    ModelRef,
+    OnPredictionPart,
+    Prediction,
+    Readiness,
+    RegisterRequest,
+    Registration,
+)
+from ferry.worker_handles.handle import WorkerFactory
+
+OnHangUp = Callable[[Callable[[], None]], None]
+"""Registers a callback the transport calls if the client goes away before its answer."""
+
+
+class FerryService:
+    """Predict, health and model management, independent of any transport."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        start_worker: WorkerFactory,
+        machine: Machine | None = None,
+    ) -> None:
+        """``machine``: what the composition root (``ferry.apis``) found the workers may
+        use; by default every core this process may run on, and no GPU."""
+        self.settings = settings
+        self.metrics = FerryMetrics(
+            enabled=settings.enable_metrics_api,
+            max_handler_series=settings.max_handler_metric_series,
+        )
+        self.models = ModelLifecycle(
+            settings, start_worker, self.metrics, machine or Machine(available_cores(), 0)
+        )
+        self.draining = False
+        """Stopping: requests are still served, readiness says no (``drain_delay``)."""
+        self._request_ids = RequestIds()
+
+    @property
+    def registry(self) -> ModelRegistry:
+        return self.models.registry
+
+    # --- requests ------------------------------------------------------------------------
+
+    def _runner(self, model: str, version: str | None = None) -> ModelRunner:
+        return self.registry.get(model, version).runner
+
+    def resolve(self, model: str, version: str | None = None) -> ModelRef:
+        """The registered version a request names (its default when ``version`` is None);
+        raises ``ModelNotFound``, so a transport can answer 404 before reading a body."""
+        entry = self.registry.get(model, version)
+        return ModelRef(entry.archive.name, entry.archive.version)
+
+    def admit(self, model: str, version: str | None = None) -> ModelRef:
+        """``resolve``, then refuse at once (``Overloaded``, ``NoWorkerAvailable``) a request
+        the model cannot take now — before a transport reads its body."""
+        entry = self.registry.get(model, version)
+        entry.runner.check_admission()
+        return ModelRef(entry.archive.name, entry.archive.version)
+
+    async def predict(
+        self,
+        model: str,
+        version: str | None,
+        parts: list[InputPart],
+        headers: dict[str, str],
+        on_hang_up: OnHangUp | None = None,
+        on_part: OnPredictionPart | None = None,
+        *,
+        explain: bool = False,
+    ) -> Prediction:
+        """Queue a request and await its answer (``submit``, then its result)."""
+        pending = self.submit(model, version, parts, headers, on_hang_up, on_part, explain=explain)
+        with contextlib.suppress(FerryError):  # result() raises it
+            await pending.future  # cancelling the caller cancels the request
+        return pending.result()
+
+    def submit(
+        self,
+        model: str,
+        version: str | None,
+        parts: list[InputPart],
+        headers: dict[str, str],
+        on_hang_up: OnHangUp | None = None,
+        on_part: OnPredictionPart | None = None,
+        *,
+        explain: bool = False,
+    ) -> PendingPrediction:
+        """Queue a request, answered when the returned prediction's future is done.
+        ``on_hang_up``: where the transport says its client went (answered ``ClientGone``).
+        Streamed parts go to ``on_part``, or are joined before the last. ``explain``:
+        TorchServe's ``explain: True``, alone in a batch (handlers read its first request)."""
+        runner = self._runner(model, version)
+        budget = runner.client_budget(deadline_budget(headers))  # bad headers: before the id
+        priority = request_priority(headers)
+        request_id = self._request_ids.choose(headers.get("x-request-id", ""))
+        if explain:
+            headers = {**headers, "explain": "True"}
+        joined: list[bytes] = []
+        sink = self._part_sink(on_part, joined)
+        try:
+            job = runner.enqueue(
+                request_id, headers, parts, sink, priority=priority, budget=budget, alone=explain
+            )
+        except BaseException:
+            self._request_ids.release(request_id)
+            raise
+        limit, release = self.settings.max_response_size, self._request_ids.release
+        pending = PendingPrediction(job, joined, limit, runner.metrics, release)
+        if on_hang_up is not None:
+            on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
+        return pending
+
+    def _part_sink(self, on_part: OnPredictionPart | None, joined: list[bytes]) -> OnPredictionPart:
+        """Where a request's streamed parts go: the transport, or ``joined`` (bounded by
+        ``max_response_size``; past it the request fails)."""
+        if on_part is not None:
+            return on_part
+        limit = self.settings.max_response_size
+
+        def join(part: PredictionPart) -> None:
+            joined.append(part.body)
+            if sum(len(body) for body in joined) > limit:
+                raise ResponseTooLarge(f"streamed response exceeds max_response_size {limit} bytes")
+
+        return join
+
+    async def customized_metadata(self, name: str, version: str | None) -> bytes:
+        """What the handler's ``describe_handle`` returns, as TorchServe's describe API with
+        ``customized=true`` asks a worker for it: a request alone in its batch with the
+        header ``describe: True`` and no input. Raises ``NoWorkerAvailable`` without a
+        worker, and what the request failed with otherwise."""
+        runner = self._runner(name, version)
+        if not runner.ready_workers:
+            raise NoWorkerAvailable(
+                f'Model "{name}" has no worker to serve describe request. Please use scale '
+                "workers API to add workers."
+            )
+        job = runner.enqueue(next_request_id(), {"describe": "True"}, [], alone=True)
+        answer = await job.future
+        return answer.body
+
+    # --- health --------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        """TorchServe's ``/ping`` rule over the models loaded at start-up: Healthy when each
+        has its minimum workers running, Partial Healthy when some run, Unhealthy when none
+        do. Models registered later do not change it; their readiness is per model."""
+        if self.draining:
+            return Health("Draining")
+        if self.models.opening_startup_models:  # listeners serve before models register
+            return Health("Unhealthy")
+        expected = running = 0
+        for entry in self.registry.all_versions():
+            if entry.loaded_at_startup:
+                expected += len(entry.runner.slots)
+                running += min(entry.runner.ready_workers, len(entry.runner.slots))
+        if running >= expected:
+            return Health("Healthy")
+        return Health("Partial Healthy" if running > 0 else "Unhealthy")
+
+    def readiness(self, model: str, version: str | None = None) -> Readiness:
+        """Whether one model version can take requests now (for orchestrators' probes)."""
+        entry = self.registry.get(model, version)
+        runner = entry.runner
+        ref = ModelRef(entry.archive.name, entry.archive.version)
+        if self.draining:
+            return Readiness(ref, False, "the server is shutting down")
+        if runner.is_ready():
+            return Readiness(ref, True)
+        reason = runner.last_error() or (
+            "no workers: scale the model up" if not runner.slots else "workers are starting"
+        )
+        return Readiness(ref, False, reason)
+
+    # --- management ----------------------------------------------------------------------
+
+    def require_model_api(self) -> None:
+        if not self.settings.enable_model_api:
+            raise ModelApiDisabled(
+                "Model API is disabled: start Ferry with --enable-model-api to register or "
+                "unregister models"
+            )
+
+    async def load_startup_models(self) -> None:
+        await self.models.load_startup_models()
+
+    async def register(self, request: RegisterRequest) -> Registration:
+        """``POST /models`` (``ModelLifecycle.register``), when the model API is on."""
+        self.require_model_api()
+        return await self.models.register(request)
+
+    async def unregister(self, name: str, version: str | None) -> ModelRef:
+        self.require_model_api()
+        return await self.models.unregister(name, version)
+
+    async def scale(
+        self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
+    ) -> Registration:
+        return await self.models.scale(name, version, min_worker, max_worker, synchronous)
+
+    def set_batch_policy(
+        self, name: str, version: str | None, policy: str, latency_objective_ms: float | None
+    ) -> ModelRef:
+        return self.models.set_batch_policy(name, version, policy, latency_objective_ms)
+
+    def set_default(self, name: str, version: str) -> None:
+        self.models.set_default(name, version)
+
+    def describe(self, name: str, version: str | None) -> list[ModelStatus]:
+        return queries.describe(self.registry, name, version)
+
+    def all_statuses(self) -> list[ModelStatus]:
+        return queries.all_statuses(self.registry)
+
+    def model_names(self) -> list[str]:
+        return self.registry.names()
+
+    def list_models(self, limit: int, page_token: int) -> ModelPage:
+        return queries.list_models(self.registry, limit, page_token)
+
+    def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        return queries.metadata(self.registry, name, version)
+
+    def metrics_exposition(self) -> str:
+        return queries.metrics_exposition(self.registry, self.metrics, self.models.machine.gpus)
+
+    async def close(self) -> None:
+        await self.models.close()
+
+
+__all__ = ["FerryService", "OnHangUp"]

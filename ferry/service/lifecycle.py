@@ -1,0 +1,386 @@
+"""Model versions coming and going: start-up models, registration, scaling, removal, and
+the snapshot written after each change. Sizing is planned by ``ferry.scheduling.sizing``;
+what changes between plans (the GPU the next model starts on, the cores pinned workers
+hold) is kept here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from ferry.config.settings import ServerSettings, available_cores
+from ferry.errors import (
+    ConfigError,
+    FerryError,
+    InvalidRequest,
+    ModelLoadFailed,
+    PackageInstallFailed,
+)
+from ferry.metrics.definitions import FerryMetrics
+from ferry.scheduling import sizing
+from ferry.scheduling.placement import model_gpus
+from ferry.scheduling.registry import ModelRegistry, ModelVersion
+from ferry.service.snapshots import snapshot_folder, snapshot_of, write_snapshot
+from ferry.service.startup import (
+    is_default,
+    open_startup_model,
+    startup_entries,
+    startup_store,
+)
+from ferry.service.types import ModelRef, RegisterRequest, Registration
+from ferry.store.archive import ModelArchive, open_model
+from ferry.store.packages import with_packages
+from ferry.store.pip_sources import PipSources, startup_warning
+from ferry.store.remote import fetch_archive, is_remote, removed_if_fails, removed_on_failure
+from ferry.store.workdir import open_work_dir
+from ferry.worker_handles.handle import WorkerFactory
+
+log = logging.getLogger("ferry.service")
+
+
+class ModelLifecycle:
+    """The registered model versions and their workers, from start-up to ``close``."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        start_worker: WorkerFactory,
+        metrics: FerryMetrics,
+        machine: sizing.Machine,
+    ) -> None:
+        self.settings = settings
+        self.registry = ModelRegistry()
+        self.metrics = metrics
+        self.machine = machine
+        self.opening_startup_models = False
+        """Start-up archives are being opened, not yet registered: not Healthy yet."""
+        self._start_worker = start_worker
+        self._next_gpu = 0
+        self._background: set[asyncio.Task[None]] = set()
+        self._work_dir = open_work_dir()  # also removes those of servers that were killed
+        self._pip_sources = PipSources(settings.pip_index_url, settings.pip_find_links)
+        if settings.install_py_dep_per_model:
+            # allowed_urls guards downloads, not pip: say so where operators look.
+            log.warning("%s", startup_warning(self._pip_sources))
+
+    @property
+    def work_dir(self) -> Path:
+        """Where this server unpacks archives."""
+        return Path(self._work_dir.name)
+
+    # --- starting a version --------------------------------------------------------------
+
+    def start(
+        self,
+        archive: ModelArchive,
+        *,
+        at_startup: bool,
+        startup_timeout: float | None = None,
+        sharing_workers: int | None = None,
+    ) -> ModelVersion:
+        """Register the version and start its workers (without waiting for them).
+
+        Raises ``ConfigError`` if they would take the server past ``max_workers_total``; a
+        version refused here leaves nothing unpacked.
+        """
+        try:
+            entry = self._new_version(archive, at_startup, startup_timeout, sharing_workers)
+            self.registry.add(entry)
+        except FerryError:
+            archive.free()
+            raise
+        entry.runner.start()
+        return entry
+
+    def _new_version(
+        self,
+        archive: ModelArchive,
+        at_startup: bool,
+        startup_timeout: float | None,
+        sharing_workers: int | None,
+    ) -> ModelVersion:
+        config, machine = archive.config, self.machine
+        gpu_ids = model_gpus(machine.gpus, config.device_type, config.device_ids, self._next_gpu)
+        settings = sizing.runner_settings(
+            config,
+            self.settings,
+            machine,
+            gpu_ids=gpu_ids,
+            requested_startup_timeout=startup_timeout,
+            sharing_workers=sharing_workers,
+        )
+        refusal = self._over_worker_limit(archive, settings.workers)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        if gpu_ids and not config.device_ids:
+            self._next_gpu += settings.workers
+        metrics = self.metrics.for_model(archive.name, archive.version)
+        return ModelVersion.serving(
+            archive, settings, self.settings, self._start_worker, metrics, at_startup=at_startup
+        )
+
+    def _over_worker_limit(
+        self, archive: ModelArchive, workers: int, replacing: ModelVersion | None = None
+    ) -> str | None:
+        """Why ``workers`` for ``archive`` (instead of ``replacing``'s) would be too many."""
+        counts = {f"{archive.name} v{archive.version}": workers}
+        for entry in self.registry.all_versions():
+            if entry is not replacing:
+                counts[f"{entry.archive.name} v{entry.archive.version}"] = len(entry.runner.slots)
+        limit = sizing.worker_limit(self.settings, available_cores())
+        return sizing.over_worker_limit(counts, limit)
+
+    async def _unless_loaded(self, entry: ModelVersion) -> None:
+        """Once every worker has tried to start: if none could, unregister the version
+        again, so a model that cannot load is never left half-registered."""
+        runner, archive = entry.runner, entry.archive
+        await runner.wait_started()
+        if not runner.slots or runner.ready_workers > 0:
+            return
+        reasons = "; ".join(sorted({slot.last_error for slot in runner.slots}))
+        with contextlib.suppress(FerryError):
+            if self.registry.get(archive.name, archive.version) is entry:
+                self.registry.remove(archive.name, archive.version)
+        await runner.stop()
+        await asyncio.to_thread(archive.free)  # its workers are gone
+        self.metrics.forget_model(archive.name, archive.version)
+        raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
+
+    # --- start-up ------------------------------------------------------------------------
+
+    async def load_startup_models(self) -> None:
+        """Open, start and wait for the start-up models; then the ``startup`` snapshot."""
+        store = startup_store(self.settings)
+        if store is None:
+            return
+        self.opening_startup_models = True
+        try:
+            archives = await self._open_startup_models(store)
+            sharing = sum(
+                sizing.worker_count(a.config, self.settings, self.machine) for a in archives
+            )
+            started = [
+                self.start(archive, at_startup=True, sharing_workers=sharing)
+                for archive in archives
+            ]
+        finally:
+            self.opening_startup_models = False
+        for archive in archives:
+            if is_default(self.settings, archive):
+                self.registry.set_default(archive.name, archive.version)
+        await asyncio.gather(*(entry.runner.wait_started() for entry in started))
+        for entry in started:
+            _log_started(entry)
+        self.snapshot_changed("startup")
+
+    async def _open_startup_models(self, store: Path) -> list[ModelArchive]:
+        """Unpacked in a thread (the event loop keeps answering), their packages installed;
+        a model missing from the store, or whose packages fail, is logged and left out."""
+        archives = []
+        for name, relative in startup_entries(self.settings, store):
+            archive = await asyncio.to_thread(
+                open_startup_model, self.settings, store, name, relative, self.work_dir
+            )
+            if archive is not None:
+                archives.append(archive)
+        installed = []
+        for archive in archives:
+            try:
+                installed.append(await self._with_packages(archive))
+            except PackageInstallFailed as error:
+                log.error("model %s not loaded: %s", archive.name, error)
+        return installed
+
+    async def _with_packages(self, archive: ModelArchive) -> ModelArchive:
+        """The archive with its requirements installed when ``install_py_dep_per_model``
+        is on; its unpacked files are freed if pip fails."""
+        if not self.settings.install_py_dep_per_model:
+            return archive
+        try:
+            return await asyncio.to_thread(with_packages, archive, self.work_dir, self._pip_sources)
+        except BaseException:
+            archive.free()
+            raise
+
+    # --- registration and removal --------------------------------------------------------
+
+    async def open_archive(self, url: str, name: str | None) -> ModelArchive:
+        """``url`` from the model store, or downloaded into it when ``allowed_urls`` lets
+        it (deleted again if it cannot be opened), unpacked under the name ``name``."""
+        store = self.settings.model_store
+        if store is None:
+            raise InvalidRequest("no --model-store is configured")
+        relative, download = url, None
+        if is_remote(url):
+            relative = await fetch_archive(url, store, self.settings.allowed_urls)
+            download = store / relative
+        with removed_on_failure(download):  # not a zip, a bad manifest or model-config ...
+            archive = await asyncio.to_thread(
+                open_model,
+                store,
+                relative,
+                self.work_dir,
+                name,
+                max_unpacked_size=self.settings.max_unpacked_size,
+            )
+        return dataclasses.replace(archive, downloaded=download)
+
+    async def register(self, request: RegisterRequest) -> Registration:
+        """Register a model version; says whether its workers are up already.
+
+        A registration whose workers all fail to load is rolled back (a synchronous one
+        raises ``ModelLoadFailed`` with the reason). An archive downloaded for a
+        registration that fails is deleted again, so that retrying it works.
+        """
+        if request.runtime is not None and request.runtime.lower() != "python":
+            raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
+        archive = await self.open_archive(request.url, request.model_name)
+        with removed_on_failure(archive.downloaded):  # bad packages, exists, cannot load
+            archive = await self._with_packages(_as_registered(archive, request))
+            entry = self.start(archive, at_startup=False, startup_timeout=request.startup_timeout)
+            ref = ModelRef(archive.name, archive.version)
+            workers = len(entry.runner.slots)
+            if not request.synchronous and workers:
+                loading = removed_if_fails(archive.downloaded, self._unless_loaded(entry))
+                self._in_background(loading)
+                self.snapshot_changed()
+                return Registration(ref, workers, ready=False)
+            await self._unless_loaded(entry)
+        self.snapshot_changed()
+        return Registration(ref, workers, ready=True)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s", task.exception())
+
+    async def load_archive(self, archive: ModelArchive, startup_timeout: float | None) -> None:
+        """Register ``archive`` and wait for its workers; raises ``ModelLoadFailed`` (and
+        leaves nothing registered) when none can start."""
+        archive = await self._with_packages(archive)
+        entry = self.start(archive, at_startup=False, startup_timeout=startup_timeout)
+        await self._unless_loaded(entry)
+
+    async def remove(self, name: str, version: str | None = None) -> ModelRef:
+        """Unregister a version and stop its workers (no snapshot: ``unregister``'s)."""
+        entry = self.registry.remove(name, version)
+        await entry.runner.stop()
+        await asyncio.to_thread(entry.archive.free)  # its workers are gone
+        if entry.archive.downloaded is not None:
+            entry.archive.downloaded.unlink(missing_ok=True)
+        self.metrics.forget_model(entry.archive.name, entry.archive.version)
+        return ModelRef(entry.archive.name, entry.archive.version)
+
+    async def unregister(self, name: str, version: str | None) -> ModelRef:
+        ref = await self.remove(name, version)
+        self.snapshot_changed()
+        return ref
+
+    # --- changing a version --------------------------------------------------------------
+
+    async def scale(
+        self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
+    ) -> Registration:
+        """Run ``min_worker`` workers. Synchronously, raises ``ModelLoadFailed`` with the
+        reason when new workers fail to come up (and leaves the model as it was)."""
+        if min_worker < 0 or max_worker < min_worker:
+            raise InvalidRequest("min_worker must be >= 0 and max_worker >= min_worker")
+        entry = self.registry.get(name, version)
+        runner = entry.runner
+        threads_before = runner.settings.torch_threads
+        added = min_worker - len(runner.slots)
+        if added > 0:
+            refusal = self._over_worker_limit(entry.archive, min_worker, replacing=entry)
+            if refusal is not None:
+                raise InvalidRequest(refusal)
+            # The model's share for its new worker count (registered with none, TorchServe's
+            # default, it was a lone worker's: every core, which each new one then took);
+            # pinned, the new workers split the cores still free.
+            runner.set_torch_threads(sizing.torch_threads(self.machine, min_worker, added))
+        try:
+            await runner.scale(min_worker, max_worker, wait=synchronous)
+        except ModelLoadFailed:
+            runner.set_torch_threads(threads_before)  # the scale-up was undone
+            raise
+        self.snapshot_changed()
+        ref = ModelRef(entry.archive.name, entry.archive.version)
+        return Registration(ref, len(entry.runner.slots), ready=synchronous)
+
+    def set_batch_policy(
+        self, name: str, version: str | None, policy: str, latency_objective_ms: float | None
+    ) -> ModelRef:
+        """Switch the model version's batch policy; queued requests stay and are batched by
+        the new one (``InvalidRequest`` for an unknown policy)."""
+        entry = self.registry.get(name, version)
+        try:
+            entry.runner.set_batch_policy(policy, latency_objective_ms)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        self.snapshot_changed()
+        return ModelRef(entry.archive.name, entry.archive.version)
+
+    def set_default(self, name: str, version: str) -> None:
+        self.registry.set_default(name, version)
+        self.snapshot_changed()
+
+    def snapshot_changed(self, kind: str = "snapshot") -> None:
+        """Write a snapshot unless snapshots are off. A few hundred bytes, written in the
+        loop; a failure is logged and never fails the change itself."""
+        folder = snapshot_folder(self.settings)
+        if folder is None:
+            return
+        try:
+            write_snapshot(folder, snapshot_of(self.registry, self.settings.model_store), kind)
+        except OSError as error:
+            log.warning("cannot write a model snapshot in %s: %s", folder, error)
+
+    async def close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        entries = self.registry.all_versions()
+        await asyncio.gather(*(entry.runner.stop() for entry in entries))
+        for entry in entries:
+            entry.archive.free()
+        self._work_dir.cleanup()
+
+
+def _as_registered(archive: ModelArchive, request: RegisterRequest) -> ModelArchive:
+    """The archive with what ``POST /models`` overrides: its handler, batching, timeouts
+    and initial workers (none unless asked: TorchServe's default for registration)."""
+    if request.handler:
+        manifest = dataclasses.replace(archive.manifest, handler=request.handler)
+        archive = dataclasses.replace(archive, manifest=manifest)
+    config = archive.config.merged(
+        batch_size=request.batch_size,
+        max_batch_delay_ms=request.max_batch_delay_ms,
+        response_timeout=request.response_timeout,
+        min_workers=request.initial_workers,
+    )
+    if config.min_workers is None:
+        config = config.merged(min_workers=0)
+    return dataclasses.replace(archive, config=config)
+
+
+def _log_started(entry: ModelVersion) -> None:
+    runner = entry.runner
+    log.info(
+        "model %s v%s: %d/%d workers ready, batch_size %d, max_batch_delay %.0f ms, "
+        "%d torch threads per worker",
+        runner.name,
+        runner.version,
+        runner.ready_workers,
+        len(runner.slots),
+        runner.settings.batch_size,
+        runner.settings.max_batch_delay * 1000,
+        runner.settings.torch_threads,
+    )
