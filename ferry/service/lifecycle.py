@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Coroutine
 from pathlib import Path
@@ -19,24 +18,20 @@ from ferry.errors import (
     FerryError,
     InvalidRequest,
     ModelLoadFailed,
-    PackageInstallFailed,
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling import sizing
 from ferry.scheduling.placement import model_gpus
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
+from ferry.service.archives import Archives, as_registered
 from ferry.service.snapshots import snapshot_folder, snapshot_of, write_snapshot
 from ferry.service.startup import (
     is_default,
-    open_startup_model,
-    startup_entries,
     startup_store,
 )
 from ferry.service.types import ModelRef, RegisterRequest, Registration
-from ferry.store.archive import ModelArchive, open_model
-from ferry.store.packages import with_packages
-from ferry.store.pip_sources import PipSources, startup_warning
-from ferry.store.remote import fetch_archive, is_remote, removed_if_fails, removed_on_failure
+from ferry.store.archive import ModelArchive
+from ferry.store.remote import removed_if_fails, removed_on_failure
 from ferry.store.workdir import open_work_dir
 from ferry.worker_handles.handle import WorkerFactory
 
@@ -63,10 +58,7 @@ class ModelLifecycle:
         self._next_gpu = 0
         self._background: set[asyncio.Task[None]] = set()
         self._work_dir = open_work_dir()  # also removes those of servers that were killed
-        self._pip_sources = PipSources(settings.pip_index_url, settings.pip_find_links)
-        if settings.install_py_dep_per_model:
-            # allowed_urls guards downloads, not pip: say so where operators look.
-            log.warning("%s", startup_warning(self._pip_sources))
+        self.archives = Archives(settings, self.work_dir)
 
     @property
     def work_dir(self) -> Path:
@@ -160,7 +152,7 @@ class ModelLifecycle:
             return
         self.opening_startup_models = True
         try:
-            archives = await self._open_startup_models(store)
+            archives = await self.archives.startup_models(store)
             sharing = sum(
                 sizing.worker_count(a.config, self.settings, self.machine) for a in archives
             )
@@ -178,57 +170,7 @@ class ModelLifecycle:
             _log_started(entry)
         self.snapshot_changed("startup")
 
-    async def _open_startup_models(self, store: Path) -> list[ModelArchive]:
-        """Unpacked in a thread (the event loop keeps answering), their packages installed;
-        a model missing from the store, or whose packages fail, is logged and left out."""
-        archives = []
-        for name, relative in startup_entries(self.settings, store):
-            archive = await asyncio.to_thread(
-                open_startup_model, self.settings, store, name, relative, self.work_dir
-            )
-            if archive is not None:
-                archives.append(archive)
-        installed = []
-        for archive in archives:
-            try:
-                installed.append(await self._with_packages(archive))
-            except PackageInstallFailed as error:
-                log.error("model %s not loaded: %s", archive.name, error)
-        return installed
-
-    async def _with_packages(self, archive: ModelArchive) -> ModelArchive:
-        """The archive with its requirements installed when ``install_py_dep_per_model``
-        is on; its unpacked files are freed if pip fails."""
-        if not self.settings.install_py_dep_per_model:
-            return archive
-        try:
-            return await asyncio.to_thread(with_packages, archive, self.work_dir, self._pip_sources)
-        except BaseException:
-            archive.free()
-            raise
-
     # --- registration and removal --------------------------------------------------------
-
-    async def open_archive(self, url: str, name: str | None) -> ModelArchive:
-        """``url`` from the model store, or downloaded into it when ``allowed_urls`` lets
-        it (deleted again if it cannot be opened), unpacked under the name ``name``."""
-        store = self.settings.model_store
-        if store is None:
-            raise InvalidRequest("no --model-store is configured")
-        relative, download = url, None
-        if is_remote(url):
-            relative = await fetch_archive(url, store, self.settings.allowed_urls)
-            download = store / relative
-        with removed_on_failure(download):  # not a zip, a bad manifest or model-config ...
-            archive = await asyncio.to_thread(
-                open_model,
-                store,
-                relative,
-                self.work_dir,
-                name,
-                max_unpacked_size=self.settings.max_unpacked_size,
-            )
-        return dataclasses.replace(archive, downloaded=download)
 
     async def register(self, request: RegisterRequest) -> Registration:
         """Register a model version; says whether its workers are up already.
@@ -239,9 +181,9 @@ class ModelLifecycle:
         """
         if request.runtime is not None and request.runtime.lower() != "python":
             raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
-        archive = await self.open_archive(request.url, request.model_name)
+        archive = await self.archives.open(request.url, request.model_name)
         with removed_on_failure(archive.downloaded):  # bad packages, exists, cannot load
-            archive = await self._with_packages(_as_registered(archive, request))
+            archive = await self.archives.with_packages(as_registered(archive, request))
             entry = self.start(archive, at_startup=False, startup_timeout=request.startup_timeout)
             ref = ModelRef(archive.name, archive.version)
             workers = len(entry.runner.slots)
@@ -267,7 +209,7 @@ class ModelLifecycle:
     async def load_archive(self, archive: ModelArchive, startup_timeout: float | None) -> None:
         """Register ``archive`` and wait for its workers; raises ``ModelLoadFailed`` (and
         leaves nothing registered) when none can start."""
-        archive = await self._with_packages(archive)
+        archive = await self.archives.with_packages(archive)
         entry = self.start(archive, at_startup=False, startup_timeout=startup_timeout)
         await self._unless_loaded(entry)
 
@@ -352,23 +294,6 @@ class ModelLifecycle:
         for entry in entries:
             entry.archive.free()
         self._work_dir.cleanup()
-
-
-def _as_registered(archive: ModelArchive, request: RegisterRequest) -> ModelArchive:
-    """The archive with what ``POST /models`` overrides: its handler, batching, timeouts
-    and initial workers (none unless asked: TorchServe's default for registration)."""
-    if request.handler:
-        manifest = dataclasses.replace(archive.manifest, handler=request.handler)
-        archive = dataclasses.replace(archive, manifest=manifest)
-    config = archive.config.merged(
-        batch_size=request.batch_size,
-        max_batch_delay_ms=request.max_batch_delay_ms,
-        response_timeout=request.response_timeout,
-        min_workers=request.initial_workers,
-    )
-    if config.min_workers is None:
-        config = config.merged(min_workers=0)
-    return dataclasses.replace(archive, config=config)
 
 
 def _log_started(entry: ModelVersion) -> None:

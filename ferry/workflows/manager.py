@@ -163,7 +163,7 @@ class WorkflowManager:
         if settings.url is None:
             archive = self._function_archive(workflow, node, name)
         else:
-            opened = await self.service.models.open_archive(settings.url, name)
+            opened = await self.service.models.archives.open(settings.url, name)
             archive = replace(opened, workflow=workflow.name)
         archive = replace(archive, config=_node_config(archive.config, settings, request))
         await self.service.models.load_archive(archive, request.startup_timeout)

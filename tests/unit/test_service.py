@@ -126,7 +126,7 @@ def test_health_is_unhealthy_while_start_up_archives_open(
             release.wait(BOUND)
             return open_model_now(*args)
 
-        monkeypatch.setattr("ferry.service.lifecycle.open_startup_model", slow_open)
+        monkeypatch.setattr("ferry.service.archives.open_startup_model", slow_open)
         loading = asyncio.create_task(service.load_startup_models())
         await asyncio.to_thread(opening.wait, BOUND)
         assert service.health() == Health("Unhealthy")
@@ -210,7 +210,7 @@ def test_archives_are_opened_off_the_event_loop(
         threads.append(threading.current_thread())
         return real_open(*args, **kwargs)
 
-    monkeypatch.setattr("ferry.service.lifecycle.open_model", recording_open)  # registration
+    monkeypatch.setattr("ferry.service.archives.open_model", recording_open)  # registration
     monkeypatch.setattr("ferry.service.startup.open_model", recording_open)  # start-up models
 
     async def scenario() -> None:
