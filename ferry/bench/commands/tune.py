@@ -9,11 +9,17 @@ import dataclasses
 import math
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.bench.commands.arguments import duration_ms, int_list
 from ferry.bench.commands.progress import Eta, row_line
+
+if TYPE_CHECKING:  # the bench extra is imported when a command runs, not when it parses
+    from ferry.bench.servers import ServerConfig
+    from ferry.bench.sweep import SweepSpec
+    from ferry.bench.tune import Trial, TuneResult
 
 HELP: str = "highest throughput whose p99 meets an SLO; writes model-config.yaml"
 DESCRIPTION: str | None = None
@@ -44,109 +50,156 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from ferry.bench.servers import (
-        ServerConfig,
-        ServerFailed,
-        copy_with_config,
-        model_config_document,
-        model_identity,
-        start_server,
-        zip_folder,
-    )
-    from ferry.bench.sweep import SweepSpec, config_label, failed_row, measure, warm_up
-    from ferry.bench.sweep_report import markdown_table, plot_throughput_against_p99, write_csv
-    from ferry.bench.tune import (
-        Trial,
-        config_changes,
-        configurations,
-        model_config_yaml,
-        requests_for_percentile,
-        search,
-        tuned_config,
-    )
+@dataclass(frozen=True)
+class _Grid:
+    """What the arguments ask to search."""
+
+    slo_ms: float
+    batch_sizes: list[int]
+    delays: list[int]
+    workers: list[int]
+    concurrencies: list[int]
+    precisions: list[str]
+    inputs: list[Path]
+
+
+def _grid(args: argparse.Namespace) -> _Grid:
+    """The search's grid from the arguments; ``ValueError`` saying what is wrong."""
     from ferry.config.settings import available_cores
 
-    try:
-        slo_ms = duration_ms(args.slo_p99)
-        batch_sizes, delays = int_list(args.batch_sizes), int_list(args.delays, minimum=0)
-        workers = int_list(args.workers) if args.workers else sorted({1, available_cores()})
-        concurrencies = int_list(args.concurrency)
-        precisions = [p.strip().lower() for p in args.precision.split(",") if p.strip()]
-        if not precisions or any(p not in ("fp32", "fp16", "bf16") for p in precisions):
-            raise ValueError(f"precision must be fp32, fp16 or bf16, got {args.precision!r}")
-        inputs = [Path(p).resolve() for p in args.input.split(",") if p]
-        if slo_ms <= 0 or not all(p.is_file() for p in inputs):
-            raise ValueError("the SLO must be positive and every input a file")
-        if args.requests is not None and args.requests < max(concurrencies):
-            raise ValueError(
-                f"--requests {args.requests} is fewer than the highest concurrency "
-                f"{max(concurrencies)}: some clients would send nothing"
-            )
-    except ValueError as exc:
-        print(f"ferry bench tune: {exc}", file=sys.stderr)
-        return 2
-    if args.requests is not None and args.requests < requests_for_percentile(99, 1):
+    slo_ms = duration_ms(args.slo_p99)
+    workers = int_list(args.workers) if args.workers else sorted({1, available_cores()})
+    concurrencies = int_list(args.concurrency)
+    precisions = [p.strip().lower() for p in args.precision.split(",") if p.strip()]
+    if not precisions or any(p not in ("fp32", "fp16", "bf16") for p in precisions):
+        raise ValueError(f"precision must be fp32, fp16 or bf16, got {args.precision!r}")
+    inputs = [Path(p).resolve() for p in args.input.split(",") if p]
+    if slo_ms <= 0 or not all(p.is_file() for p in inputs):
+        raise ValueError("the SLO must be positive and every input a file")
+    if args.requests is not None and args.requests < max(concurrencies):
+        raise ValueError(
+            f"--requests {args.requests} is fewer than the highest concurrency "
+            f"{max(concurrencies)}: some clients would send nothing"
+        )
+    batch_sizes, delays = int_list(args.batch_sizes), int_list(args.delays, minimum=0)
+    return _Grid(slo_ms, batch_sizes, delays, workers, concurrencies, precisions, inputs)
+
+
+def _warn_if_few_requests(requests: int | None) -> None:
+    from ferry.bench.tune import requests_for_percentile
+
+    if requests is not None and requests < requests_for_percentile(99, 1):
         print(
-            f"ferry bench tune: warning: with {args.requests} requests per point, p99 rests "
-            f"on the slowest {max(1, args.requests // 100)} answers; leave --requests out to "
+            f"ferry bench tune: warning: with {requests} requests per point, p99 rests "
+            f"on the slowest {max(1, requests // 100)} answers; leave --requests out to "
             "measure enough for p99",
             file=sys.stderr,
         )
-    model = args.model.resolve()
-    out = args.out.resolve()
-    name, _ = model_identity(model)
-    base_config = model_config_document(model)
-    configs = configurations(batch_sizes, delays, workers, precisions)
+
+
+class _Trials:
+    """Measures one (configuration, concurrency) point for the search, on a server of that
+    configuration: started at its first point, stopped when the next configuration comes."""
+
+    def __init__(
+        self, stack: contextlib.ExitStack, spec: SweepSpec, out: Path, configs: int
+    ) -> None:
+        from ferry.bench.servers import model_identity
+
+        self._stack, self._spec, self._out = stack, spec, out
+        self._name, _ = model_identity(spec.model)
+        self._current: dict[str, Any] = {}
+        self.rows: list[dict[str, Any]] = []
+        self._eta = Eta(configs * len(spec.concurrency))
+
+    def __call__(self, config: ServerConfig, concurrency: int) -> Trial:
+        from ferry.bench.sweep import failed_row, measure
+        from ferry.bench.tune import Trial, requests_for_percentile
+
+        current, spec = self._server_for(config), self._spec
+        if "failure" in current:
+            row = failed_row(spec, concurrency, config, current["failure"])
+            trial = Trial(config, concurrency, 0.0, math.inf, 1.0, current["failure"])
+        else:
+            server = current["server"]
+            requests = spec.requests or requests_for_percentile(99, concurrency)
+            point = dataclasses.replace(spec, requests=requests)
+            urls = server.inference_url, server.metrics_url
+            row = measure(*urls, self._name, point, concurrency, config)
+            p99 = row["Latency P99"] if row["Latency P99"] is not None else math.inf
+            trial = Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
+        self.rows.append(row)
+        print(f"{row_line(row)} ({self._eta.step()})", file=sys.stderr)
+        return trial
+
+    def _server_for(self, config: ServerConfig) -> dict[str, Any]:
+        from ferry.bench.servers import ServerFailed, start_server
+        from ferry.bench.sweep import config_label, warm_up
+
+        current = self._current
+        if current.get("config") == config:
+            return current
+        self._stack.close()  # the previous configuration's server
+        current.clear()
+        folder = self._out / "servers" / config_label(config)
+        try:
+            server = start_server("ferry", self._spec.model, config, folder)
+            current["server"] = self._stack.enter_context(server)
+        except ServerFailed as failure:
+            current["failure"] = str(failure)
+        current["config"] = config
+        if "server" in current:
+            warm_up(current["server"].inference_url, self._name, self._spec)
+        return current
+
+
+def run(args: argparse.Namespace) -> int:
+    from ferry.bench.servers import model_config_document
+    from ferry.bench.sweep import SweepSpec
+    from ferry.bench.tune import configurations, search
+
+    try:
+        grid = _grid(args)
+    except ValueError as exc:
+        print(f"ferry bench tune: {exc}", file=sys.stderr)
+        return 2
+    _warn_if_few_requests(args.requests)
+    model, out = args.model.resolve(), args.out.resolve()
+    configs = configurations(grid.batch_sizes, grid.delays, grid.workers, grid.precisions)
     spec = SweepSpec(
         model,
-        inputs,
+        grid.inputs,
         args.content_type,
-        batch_sizes,
-        delays,
-        workers,
-        concurrencies,
-        precisions,
+        grid.batch_sizes,
+        grid.delays,
+        grid.workers,
+        grid.concurrencies,
+        grid.precisions,
         args.requests,
         None,
         "ferry",
     )
-    rows: list[dict[str, Any]] = []
-    eta = Eta(len(configs) * len(concurrencies))
+    base_config = model_config_document(model)
     with contextlib.ExitStack() as stack:
-        current: dict[str, Any] = {}
+        trials = _Trials(stack, spec, out, len(configs))
+        result = search(trials, configs, grid.concurrencies, grid.slo_ms)
+    return _report(model, out, grid.slo_ms, trials.rows, result, base_config, args.archive)
 
-        def evaluate(config: ServerConfig, concurrency: int) -> Trial:
-            if current.get("config") != config:
-                stack.close()  # the previous configuration's server
-                current.clear()
-                folder = out / "servers" / config_label(config)
-                try:
-                    current["server"] = stack.enter_context(
-                        start_server("ferry", model, config, folder)
-                    )
-                except ServerFailed as failure:
-                    current["failure"] = str(failure)
-                current["config"] = config
-                if "server" in current:
-                    warm_up(current["server"].inference_url, name, spec)
-            if "failure" in current:
-                row = failed_row(spec, concurrency, config, current["failure"])
-                trial = Trial(config, concurrency, 0.0, math.inf, 1.0, current["failure"])
-            else:
-                server = current["server"]
-                requests = args.requests or requests_for_percentile(99, concurrency)
-                point = dataclasses.replace(spec, requests=requests)
-                row = measure(
-                    server.inference_url, server.metrics_url, name, point, concurrency, config
-                )
-                p99 = row["Latency P99"] if row["Latency P99"] is not None else math.inf
-                trial = Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
-            rows.append(row)
-            print(f"{row_line(row)} ({eta.step()})", file=sys.stderr)
-            return trial
 
-        result = search(evaluate, configs, concurrencies, slo_ms)
+def _report(
+    model: Path,
+    out: Path,
+    slo_ms: float,
+    rows: list[dict[str, Any]],
+    result: TuneResult,
+    base_config: dict[str, Any],
+    archive: bool,
+) -> int:
+    """tune.csv, tune.png, and with a configuration that met the SLO: model-config.yaml,
+    tune.md (it and the runners-up), and the archive when asked; 1 when none met it."""
+    from ferry.bench.sweep_report import plot_throughput_against_p99, write_csv
+    from ferry.bench.tune import model_config_yaml
+
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "tune.csv")
     chosen = result.best
@@ -159,7 +212,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"  a configuration failed: {failure}")
         return 1
     (out / "model-config.yaml").write_text(model_config_yaml(chosen, slo_ms, base_config))
-    ranked = [chosen, *result.runners_up]
+    _write_ranking(model, out, slo_ms, [chosen, *result.runners_up])
+    _write_tuned(model, out, base_config, chosen, archive)
+    return 0
+
+
+def _write_ranking(model: Path, out: Path, slo_ms: float, ranked: list[Trial]) -> None:
+    from ferry.bench.sweep_report import markdown_table
+
     table = [
         {
             "rank": i + 1,
@@ -176,14 +236,22 @@ def run(args: argparse.Namespace) -> int:
     text = markdown_table(table, list(table[0]))
     (out / "tune.md").write_text(f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{text}\n")
     print(text)
+
+
+def _write_tuned(
+    model: Path, out: Path, base_config: dict[str, Any], chosen: Trial, archive: bool
+) -> None:
+    from ferry.bench.servers import copy_with_config, model_identity, zip_folder
+    from ferry.bench.tune import config_changes, tuned_config
+
     print(f"wrote {out / 'model-config.yaml'}: the archive's configuration with")
     for line in config_changes(base_config, tuned_config(base_config, chosen.config)):
         print(f"  {line}")
-    if args.archive:
+    if archive:
+        name, _ = model_identity(model)
         with tempfile.TemporaryDirectory() as work:
             folder = copy_with_config(
                 model, Path(work) / name, lambda d: d.update(tuned_config(d, chosen.config))
             )
-            archive = zip_folder(folder, out / f"{name}.mar")
-        print(f"wrote {archive}: the model with that configuration, ready to serve")
-    return 0
+            written = zip_folder(folder, out / f"{name}.mar")
+        print(f"wrote {written}: the model with that configuration, ready to serve")
