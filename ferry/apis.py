@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ferry.config.settings import ServerSettings, available_cores
+from ferry.config.settings import ServerSettings
 from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService
 from ferry.wire.environment import USER_AFFINITY, user_pins_threads
@@ -37,7 +37,7 @@ class Apis:
         workers share (default: every one this process may use; a Ray replica passes the
         CPUs Ray gave it)."""
         pinned = pinned_cores(settings.cpu_pinning, cores)
-        machine = Machine(cores or available_cores(), usable_gpus(settings.number_of_gpu), pinned)
+        machine = Machine(cores, usable_gpus(settings.number_of_gpu), pinned)
         return cls.over(FerryService(settings, local_workers(pinned), machine))
 
     async def close(self) -> None:

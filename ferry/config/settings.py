@@ -216,7 +216,7 @@ class ServerSettings:
     """One log line per inference request (logger ``ferry.access``)."""
     cpu_pinning: bool = False
     """Bind each worker's torch threads to cores no other worker of this server holds
-    (``ferry.worker.cpu_pinning``); off because two servers on one machine would pin to
+    (``ferry.worker_handles.core_allocation``); off because two servers on one machine would pin to
     the same cores."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""

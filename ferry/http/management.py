@@ -5,6 +5,7 @@ management API is these same calls over Ray Serve deployments (``operations_rout
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.errors import ModelNotFound
+from ferry.errors import InvalidRequest, ModelNotFound
 from ferry.http.errors import StatusRecorder, exception_handlers, guarded
 from ferry.http.openapi import description_routes, management_description
 from ferry.http.params import Params
@@ -83,8 +84,10 @@ def operations_routes(models: ModelOperations, record: StatusRecorder) -> list[R
         name = request.path_params["name"]
         version = request.path_params.get("version")
         params = await Params.read(request, MAX_PARAMS_BODY)
-        if request.method == "GET":
-            return _json(described(models, name, version))
+        if request.method == "GET":  # in a thread: ``models`` may ask another process
+            return _json(await asyncio.to_thread(described, models, name, version))
+        if params.text("batch_policy") is not None:
+            raise InvalidRequest("batch_policy cannot be set here; set it in model-config.yaml")
         return await scale(models, name, version, params)
 
     return [

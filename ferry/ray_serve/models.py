@@ -26,12 +26,12 @@ class RayModels:
         self._scaling: set[asyncio.Task[None]] = set()
 
     def _plan(self, name: str, version: str | None) -> DeploymentPlan:
-        if version == "all":  # one version per model on Ray: its default
-            version = None
-        key = f"{name}/{version or self._deployer.defaults.get(name, '')}"
-        plan = self._deployer.plans.get(key)
-        if plan is None:
+        """The version's deployment (the default's when None), as the registry finds it."""
+        if name not in self._deployer.defaults:
             raise ModelNotFound(f"Model not found: {name}")
+        plan = self._deployer.plans.get(f"{name}/{version or self._deployer.defaults[name]}")
+        if plan is None:
+            raise ModelNotFound(f"Model version not found: {name} version {version}")
         return plan
 
     def list_models(self, limit: int, page_token: int) -> ModelPage:
@@ -42,9 +42,13 @@ class RayModels:
         return ModelPage(models, token)
 
     def describe(self, name: str, version: str | None) -> list[ModelStatus]:
-        plan = self._plan(name, version)
-        # Ray Serve's controller, asked in the loop: the management API's only work.
-        return [_status(plan, self._deployer.replicas(plan))]
+        """Asks Ray Serve's controller: call it off the event loop."""
+        if version == "all":
+            self._plan(name, None)  # ModelNotFound for an unknown model
+            plans = [p for p in self._deployer.plans.values() if p.name == name]
+        else:
+            plans = [self._plan(name, version)]
+        return [_status(plan, self._deployer.replicas(plan)) for plan in plans]
 
     async def scale(
         self, name: str, version: str | None, min_worker: int, max_worker: int, synchronous: bool
@@ -88,17 +92,22 @@ def _status(plan: DeploymentPlan, replicas: dict[str, int]) -> ModelStatus:
         response_timeout=plan.response_timeout,
         loaded_at_startup=True,
         workers=[],
-        queue_capacity=plan.max_ongoing_requests - plan.batch_size,
+        queue_capacity=max(0, plan.max_ongoing_requests - plan.batch_size),
         pending_requests=None,
         ready=replicas.get("RUNNING", 0) > 0,
         last_error="",
+        startup_timeout=plan.startup_timeout,
+        client_timeout_ms=plan.client_timeout_ms,
+        deadline_action=plan.deadline_action,
         batch_policy={"name": plan.batch_policy},
         extra={
+            # A GPU per replica (ray_actor_options), none named: each replica sees its own.
+            **({"deviceType": "gpu"} if plan.actor_options.get("num_gpus") else {}),
             "ray": {
                 "deployment": plan.deployment,
                 "replicas": replicas,
                 "autoscalingConfig": plan.autoscaling,
                 "rayActorOptions": plan.actor_options,
-            }
+            },
         },
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from ferry.config.model_config import ModelConfig
 from ferry.errors import ModelConfigError
+from ferry.scheduling.sizing import startup_timeout
 
 RAY_KEYS = ("num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests")
 
@@ -37,7 +38,10 @@ class DeploymentPlan:
     batch_size: int
     max_batch_delay_ms: float
     response_timeout: float = 120.0
+    startup_timeout: float = 120.0
     batch_policy: str = "adaptive"
+    client_timeout_ms: float | None = None
+    deadline_action: str = "reject"
 
     @property
     def deployment(self) -> str:
@@ -100,7 +104,10 @@ def plan_for(
         batch_size=batch_size,
         max_batch_delay_ms=delay,
         response_timeout=config.response_timeout or default_response_timeout,
+        startup_timeout=startup_timeout(config, None),
         batch_policy=config.batch_policy or "adaptive",
+        client_timeout_ms=config.client_timeout_ms,
+        deadline_action=config.deadline_action or "reject",
     )
     if high > low:
         plan = plan.scaled(low, high)

@@ -1,7 +1,8 @@
 """How a model version runs: its workers, each one's torch threads, its batch and time
 settings. Planned from its model-config.yaml, the server's settings and what the machine
-offers, with no state of its own: ``ferry.service.lifecycle`` keeps what changes (the GPU
-the next model starts on, the cores pinned workers hold) and passes it in.
+offers, with no state of its own: what changes is passed in (the GPU the next model starts
+on, kept by ``ferry.service.lifecycle``; the cores pinned workers hold, by the allocator
+``ferry.apis`` made).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol
 from ferry.config.model_config import ModelConfig
 from ferry.config.settings import (
     ServerSettings,
+    available_cores,
     default_max_workers_total,
     default_workers_per_model,
     threads_per_worker,
@@ -32,12 +34,17 @@ class PinnedCores(Protocol):
 class Machine:
     """What a plan may use."""
 
-    cores: int
-    """The cores this server's workers share (a Ray replica's: those Ray gave it)."""
+    cores: int | None
+    """The cores this server's workers share: a Ray replica's, those Ray gave it; None,
+    every one this process may use, counted at each plan (its affinity may change)."""
     gpus: int
     """GPUs Ferry may use (visible ones, capped by ``number_of_gpu``)."""
     pinned: PinnedCores | None = None
     """With ``cpu_pinning``: the cores still free, which new workers split; None unpinned."""
+
+    @property
+    def core_count(self) -> int:
+        return self.cores or available_cores()
 
 
 def worker_count(config: ModelConfig, settings: ServerSettings, machine: Machine) -> int:
@@ -45,7 +52,7 @@ def worker_count(config: ModelConfig, settings: ServerSettings, machine: Machine
     (one on a CPU, since torch already uses every core)."""
     if config.min_workers is not None:
         return config.min_workers
-    default = default_workers_per_model(machine.cores, machine.gpus)
+    default = default_workers_per_model(machine.core_count, machine.gpus)
     return settings.default_workers_per_model or default
 
 
@@ -54,7 +61,7 @@ def torch_threads(machine: Machine, workers: int, sharing_workers: int | None = 
     ``workers``; pinned, of those free, split between the workers that will claim them
     (``sharing_workers``: at start-up every start-up model's), so that each gets cores of
     its own."""
-    unpinned = threads_per_worker(machine.cores, workers)
+    unpinned = threads_per_worker(machine.core_count, workers)
     if machine.pinned is None:
         return unpinned
     sharing = sharing_workers or workers

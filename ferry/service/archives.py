@@ -32,12 +32,16 @@ class Archives:
             # allowed_urls guards downloads, not pip: say so where operators look.
             log.warning("%s", startup_warning(self._pip_sources))
 
+    def store(self) -> Path:
+        """The model store; ``InvalidRequest`` when none is configured."""
+        if self.settings.model_store is None:
+            raise InvalidRequest("no --model-store is configured")
+        return self.settings.model_store
+
     async def open(self, url: str, name: str | None) -> ModelArchive:
         """``url`` from the model store, or downloaded into it when ``allowed_urls`` lets
         it (deleted again if it cannot be opened), unpacked under the name ``name``."""
-        store = self.settings.model_store
-        if store is None:
-            raise InvalidRequest("no --model-store is configured")
+        store = self.store()
         relative, download = url, None
         if is_remote(url):
             relative = await fetch_archive(url, store, self.settings.allowed_urls)

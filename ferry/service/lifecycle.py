@@ -1,7 +1,6 @@
 """Model versions coming and going: start-up models, registration, scaling, removal, and
 the snapshot written after each change. Sizing is planned by ``ferry.scheduling.sizing``;
-what changes between plans (the GPU the next model starts on, the cores pinned workers
-hold) is kept here."""
+the GPU the next model starts on is kept here."""
 
 from __future__ import annotations
 
@@ -179,6 +178,7 @@ class ModelLifecycle:
         raises ``ModelLoadFailed`` with the reason). An archive downloaded for a
         registration that fails is deleted again, so that retrying it works.
         """
+        self.archives.store()  # no store: refused before anything else
         if request.runtime is not None and request.runtime.lower() != "python":
             raise InvalidRequest(f"runtime {request.runtime!r} is not supported; use python")
         archive = await self.archives.open(request.url, request.model_name)

@@ -20,9 +20,9 @@ from ferry.scheduling.jobs import Job, Prediction
 
 
 class PendingPrediction:
-    """One submitted request. Its bookkeeping (metrics, the client's request id, the
-    deadline timer) is settled as soon as its job is done, however it ends: answered,
-    failed, or cancelled because the transport gave up on it."""
+    """One submitted request. Its bookkeeping (metrics, the client's request id; its
+    deadline timer is the runner's) is settled as soon as its job is done, however it ends:
+    answered, failed, or cancelled because the transport gave up on it."""
 
     def __init__(
         self,

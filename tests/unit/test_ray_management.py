@@ -92,3 +92,19 @@ def test_scale_sets_the_replicas_and_refuses_what_ferry_refuses() -> None:
     upside_down = _call(deployer, "PUT", "/models/digest", min_worker=3, max_worker=2)
     assert upside_down.status_code == 400
     assert _call(deployer, "DELETE", "/models/digest").status_code == 405
+
+
+def test_describe_all_lists_every_version_and_a_gpu_model_says_so() -> None:
+    old, new = _plan("digest", deviceType="gpu"), _plan("digest", startupTimeout=30)
+    new = DeploymentPlan(**{**new.__dict__, "version": "2.0", "entry": "digest=digest2.mar"})
+    deployer = FakeDeployer({"digest/1.0": old, "digest/2.0": new})
+    deployer.defaults["digest"] = "1.0"
+    described = _call(deployer, "GET", "/models/digest/all").json()
+    assert [(d["modelVersion"], d["deviceType"], d["startupTimeout"]) for d in described] == [
+        ("1.0", "gpu", 120),
+        ("2.0", "cpu", 30),
+    ]
+    assert _call(deployer, "PUT", "/models/digest/all", min_worker=1).status_code == 404
+    assert _call(deployer, "GET", "/models/digest/3.0").status_code == 404
+    refused = _call(deployer, "PUT", "/models/digest", batch_policy="immediate")
+    assert refused.status_code == 400 and deployer.scaled == []

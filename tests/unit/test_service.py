@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from ferry.apis import pinned_cores
-from ferry.config.settings import ServerSettings, available_cores
+from ferry.config.settings import ServerSettings
 from ferry.errors import ModelLoadFailed, ModelNotFound, NoWorkerAvailable
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
 from ferry.scheduling.sizing import Machine
@@ -77,7 +77,7 @@ def _service(settings: ServerSettings, workers: ByModel) -> FerryService:
     """As ``ferry.apis`` assembles it (the cores it pins with ``cpu_pinning`` included),
     with fake workers."""
     pinned = pinned_cores(settings.cpu_pinning, None)
-    machine = Machine(available_cores(), 0, pinned)
+    machine = Machine(None, 0, pinned)
     return FerryService(settings, workers, machine)
 
 
