@@ -2,6 +2,8 @@
 
 With a log location, records go to files laid out as TorchServe's (``LOG_FILES``) and
 nothing goes to stderr; without one, everything goes to stderr (what containers expect).
+``ts_metrics.log`` gets TorchServe's system metrics lines (``SystemMetricsLines``), in
+TorchServe's layout whatever ``log_format`` says: metric agents parse them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import json
 import logging
 import logging.config
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -20,18 +23,25 @@ from typing import Any
 import yaml
 
 from ferry import log_escape
+from ferry.metrics.gpu import GpuReading
+from ferry.procinfo import cpu_jiffies, memory_bytes
 
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 ACCESS_LOGGER = "ferry.access"
 MODEL_LOGGER = "ferry.worker.output"  # ferry.worker_handles.output_relay.OUTPUT_LOGGER
+TS_METRICS_LOGGER = "ferry.ts_metrics"
 LOG_FILES = {
-    "ts_log.log": None,  # everything the two below do not take
+    "ts_log.log": None,  # everything the loggers below do not take
     "access_log.log": ACCESS_LOGGER,
     "model_log.log": MODEL_LOGGER,
+    "ts_metrics.log": TS_METRICS_LOGGER,
     "model_metrics.log": None,  # created for scripts that tail it; Ferry writes no metric lines
 }
 """TorchServe's log files, each with the logger whose records it holds."""
+
+TS_METRICS_FORMAT = "%(asctime)s - %(message)s"
+"""TorchServe's log4j2 layout of ``ts_metrics.log``: ``%d{ISO8601} - %m%n``."""
 
 log = logging.getLogger("ferry")
 
@@ -114,18 +124,31 @@ def configure_logging(log_format: str, level: str, log_location: Path | None = N
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
     access_handler: logging.Handler
     handlers: list[logging.Handler]
+    metrics_handler: logging.Handler | None = None
     if log_location is None:
         access_handler = logging.StreamHandler(sys.stderr)
         handlers = [access_handler]
     else:
         files = _file_handlers(log_location)
         access_handler, handlers = files[ACCESS_LOGGER], list(files.values())
+        metrics_handler = files[TS_METRICS_LOGGER]
     for handler in handlers:
         handler.setFormatter(formatter)
+    if metrics_handler is not None:
+        metrics_handler.setFormatter(_iso8601_formatter(TS_METRICS_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = handlers
     root.setLevel(level)
+    # TorchServe logs its metrics whatever the log level (its TS_METRICS logger: level all).
+    logging.getLogger(TS_METRICS_LOGGER).setLevel(logging.INFO)
     _access_lines = AccessLines(access_handler) if log_format == "plain" else None
+
+
+def _iso8601_formatter(layout: str) -> logging.Formatter:
+    """``asctime`` as log4j2's ISO8601: ``2025-01-31T12:00:00,123``."""
+    formatter = logging.Formatter(layout)
+    formatter.default_time_format = "%Y-%m-%dT%H:%M:%S"
+    return formatter
 
 
 def _file_handlers(folder: Path) -> dict[str | None, logging.FileHandler]:
@@ -143,6 +166,70 @@ def _file_handlers(folder: Path) -> dict[str | None, logging.FileHandler]:
             handler.addFilter(logging.Filter(logger_name))
             handlers[logger_name] = handler
     return handlers
+
+
+class SystemMetricsLines:
+    """TorchServe's system metrics as it logs them to ``ts_metrics.log`` (every
+    ``metric_time_interval`` seconds, 60 by default, the first at start-up): its default
+    metrics.yaml's host gauges, one line each, in the order its collector reports them::
+
+        CPUUtilization.Percent:12.5|#Level:Host|#hostname:HOST,timestamp:1767225600
+        GPUMemoryUsed.Megabytes:812.0|#Level:Host,DeviceId:0|#hostname:HOST,timestamp:...
+
+    The values are those of Ferry's Prometheus host gauges (``FerryMetrics.record_host``):
+    CPU use since the previous lines (since boot for the first; TorchServe's collector,
+    a new process each time, always reported 0.0), memory in use as total less available,
+    the disk holding ``/``, and each GPU through NVML."""
+
+    def __init__(self, hostname: str) -> None:
+        self.hostname = hostname
+        self._cpu_before = (0, 0)
+
+    def lines(self, gpus: list[GpuReading], now: float) -> list[str]:
+        busy, total = cpu_jiffies()
+        cpu = _percent(busy - self._cpu_before[0], total - self._cpu_before[1])
+        self._cpu_before = (busy, total)
+        memory_total, available = memory_bytes()
+        used = memory_total - available
+        values: list[tuple[str, str, float, str]] = []
+        for gpu in gpus:  # TorchServe's collector calls its functions in name order
+            device = f",DeviceId:{gpu.index}"
+            used_share = _percent(gpu.memory_used_bytes, gpu.memory_total_bytes)
+            values.append(("GPUMemoryUtilization", "Percent", used_share, device))
+            values.append(("GPUMemoryUsed", "Megabytes", gpu.memory_used_bytes // _MB, device))
+            values.append(("GPUUtilization", "Percent", gpu.utilization_percent, device))
+        values.append(("CPUUtilization", "Percent", cpu, ""))
+        try:
+            disk = shutil.disk_usage("/")
+        except OSError:
+            pass
+        else:
+            values.append(("DiskAvailable", "Gigabytes", disk.free / _GB, ""))
+            values.append(("DiskUsage", "Gigabytes", disk.used / _GB, ""))
+            values.append(
+                ("DiskUtilization", "Percent", _percent(disk.used, disk.used + disk.free), "")
+            )
+        values.append(("MemoryAvailable", "Megabytes", available / _MB, ""))
+        values.append(("MemoryUsed", "Megabytes", used / _MB, ""))
+        values.append(("MemoryUtilization", "Percent", _percent(used, memory_total), ""))
+        suffix = f"|#hostname:{self.hostname},timestamp:{int(now)}"
+        return [
+            f"{name}.{unit}:{float(value)!r}|#Level:Host{device}{suffix}"
+            for name, unit, value, device in values
+        ]
+
+    def log(self, gpus: list[GpuReading]) -> None:
+        """Log the lines on ``TS_METRICS_LOGGER`` (``ts_metrics.log``)."""
+        metrics_log = logging.getLogger(TS_METRICS_LOGGER)
+        for line in self.lines(gpus, time.time()):
+            metrics_log.info("%s", line)
+
+
+_MB, _GB = 2**20, 2**30
+
+
+def _percent(part: float, whole: float) -> float:
+    return round(100 * part / whole, 1) if whole > 0 else 0.0  # psutil's rounding
 
 
 def _within(record: logging.LogRecord, logger_name: str) -> bool:

@@ -9,14 +9,18 @@ Start-up, in this order:
    and one listener per enabled row of ``LISTENERS``, bound before anything serves. If
    one cannot listen, start-up stops here: no key file is written and no worker started.
 3. Generated keys are written to the key file; the listeners serve; the start-up models
-   load; once they are ready, the ready file gets the bound addresses.
+   load; once they are ready, with ``log_location`` set, TorchServe's system metrics lines
+   go to ``ts_metrics.log`` (then every ``SYSTEM_METRICS_SECONDS``), and the ready file
+   gets the bound addresses.
 
 Shutdown: start-up model loading is cancelled; once serving, readiness turns 503
 ``Draining`` and the listeners go on serving for ``drain_delay`` seconds (for a load
 balancer to take the replica out); then listeners stop accepting (HTTP requests in flight
-get ``ferry.http.listener.DRAIN_SECONDS`` to finish), ``service.close()`` stops the
-workers (bounded by ``CLOSE_SECONDS``), and any child process still alive is killed. A
-signal while shutting down (the drain delay included) exits at once.
+get ``ferry.http.listener.DRAIN_SECONDS`` to finish), a server whose start-up had completed
+writes its ``-shutdown.cfg`` model snapshot (as TorchServe does on stop;
+``ferry.service.snapshots``), ``service.close()`` stops the workers (bounded by
+``CLOSE_SECONDS``), and any child process still alive is killed. A signal while shutting
+down (the drain delay included) exits at once.
 
 Exit codes:
 
@@ -54,6 +58,8 @@ from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError, FerryError
 from ferry.http.listener import inference_listener, management_listener, metrics_listener
+from ferry.logs import SystemMetricsLines
+from ferry.metrics.gpu import read_gpus
 from ferry.security import ApiKeys, KeyPlan, plan_keys
 from ferry.service import FerryService
 
@@ -63,6 +69,9 @@ CLOSE_SECONDS = 30.0
 """How long ``service.close()`` may take before the workers are killed outright."""
 LISTENER_STOP_SECONDS = 30.0
 """How long the listeners may take to stop (they drain requests in flight first)."""
+SYSTEM_METRICS_SECONDS = 60.0
+"""Between two sets of system metrics lines in ``ts_metrics.log``: TorchServe's default
+``metric_time_interval``."""
 
 
 class Listener(Protocol):
@@ -187,6 +196,7 @@ async def run_server(settings: ServerSettings) -> int:
     service = apis.service
     listeners: list[Listener] = []
     serving: list[asyncio.Task[None]] = []
+    code = 1
     try:
         if stop.requested.is_set():
             log.warning("start-up interrupted")
@@ -203,10 +213,11 @@ async def run_server(settings: ServerSettings) -> int:
             keys.save()
             _log_keys(keys)
         serving = [asyncio.create_task(listener.serve()) for listener in listeners]
-        return await _start_up_then_serve(service, settings, urls, stop)
+        code = await _start_up_then_serve(service, settings, urls, stop)
+        return code
     finally:
         stop.requested.set()  # from here on, a signal exits at once
-        await _shut_down(apis, listeners, serving)
+        await _shut_down(apis, listeners, serving, started=code == 0)
 
 
 def _plan_keys(settings: ServerSettings) -> KeyPlan | None:
@@ -256,11 +267,41 @@ async def _start_up_then_serve(
         log.info("%s API listening on %s", name, url)
     _log_models(service)
     settle_garbage_collector()
-    if settings.ready_file is not None:
-        write_ready_file(settings.ready_file, urls)
-    await stop.requested.wait()
-    await _drain(service, settings.drain_delay)
+    system_metrics = await _log_system_metrics(service, settings)
+    try:
+        if settings.ready_file is not None:
+            write_ready_file(settings.ready_file, urls)
+        await stop.requested.wait()
+        await _drain(service, settings.drain_delay)
+    finally:
+        if system_metrics is not None:
+            system_metrics.cancel()
     return 0
+
+
+async def _log_system_metrics(
+    service: FerryService, settings: ServerSettings
+) -> asyncio.Task[None] | None:
+    """With ``log_location`` (and metrics on): TorchServe's system metrics lines in
+    ``ts_metrics.log`` now, then every ``SYSTEM_METRICS_SECONDS`` from the task returned."""
+    if settings.log_location is None or not settings.enable_metrics_api:
+        return None
+    lines = SystemMetricsLines(service.metrics.hostname)
+    gpus = service.models.machine.gpus
+
+    def log_lines() -> None:  # in a thread: NVML and /proc reads block
+        try:  # GPUs as TorchServe's collector counts them: number_of_gpu, from 0
+            lines.log([gpu for gpu in read_gpus() if gpu.index < gpus] if gpus else [])
+        except Exception as error:  # a reading must never stop the server
+            log.warning("cannot log system metrics: %s", error)
+
+    async def every_interval() -> None:
+        while True:
+            await asyncio.sleep(SYSTEM_METRICS_SECONDS)  # the interval itself
+            await asyncio.to_thread(log_lines)
+
+    await asyncio.to_thread(log_lines)
+    return asyncio.create_task(every_interval())
 
 
 YOUNG_COLLECTION_THRESHOLD = 20_000
@@ -333,13 +374,17 @@ def write_ready_file(path: Path, addresses: dict[str, str]) -> None:
 
 
 async def _shut_down(
-    apis: Apis, listeners: Iterable[Listener], serving: list[asyncio.Task[None]]
+    apis: Apis, listeners: Iterable[Listener], serving: list[asyncio.Task[None]], started: bool
 ) -> None:
+    """Stop the listeners, then (``started``: start-up had completed) write the shutdown
+    snapshot while the registry still holds every model, then stop the workers."""
     if serving:
         log.info("shutting down")
     for listener in listeners:
         listener.stop()
     await _bounded("listeners", serving, LISTENER_STOP_SECONDS)
+    if started:  # an interrupted start-up's models are not the ones to come back
+        apis.service.models.snapshot_changed("shutdown")
     closing = asyncio.create_task(apis.close())
     if not await _bounded("workers", [closing], CLOSE_SECONDS):
         log.error("workers did not stop within %.0f s; killing them", CLOSE_SECONDS)

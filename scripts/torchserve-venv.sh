@@ -53,6 +53,16 @@ if ! "$PY" -c 'import ts.version as v; assert v.__version__ == "0.12.0"' >/dev/n
     "$PY" -m pip install --quiet "${TS_PACKAGES[@]}" "${EXTRA_PACKAGES[@]}" "$TORCH_PIN"
 fi
 
+# torchvision's PIL transforms, the preprocessing TorchServe's vision handlers run, kept
+# out of site-packages in a folder of its own: the side-by-side preprocessing tests import
+# them with its compiled operators left unloaded (tests/fixtures/torchvision_reference.py),
+# which is all PIL images need, and nothing else ever sees a torchvision that cannot load.
+TORCHVISION_PIN="torchvision==0.28.0"
+if [[ ! -d "$DIR/torchvision-pil/torchvision" ]]; then
+    "$PY" -m pip install --quiet --no-deps --target "$DIR/torchvision-pil" "$TORCHVISION_PIN" \
+        || echo "warning: torchvision could not be installed: the preprocessing parity tests will skip" >&2
+fi
+
 "$PY" - <<'PY'
 import torch
 import ts.version

@@ -5,7 +5,7 @@ background, with a pid file.
 /dev/null and its stdout and stderr appended to ``ts_log.log``; it writes the pid file,
 waits until the server writes its ready file (models loaded) or exits, and reports in one
 line. ``--stop`` sends SIGTERM to the process the pid file names, if it is a Ferry server,
-and waits for it to exit.
+and waits for it to exit; with none running it says so and succeeds, as TorchServe does.
 """
 
 from __future__ import annotations
@@ -68,12 +68,15 @@ def start(serve_args: list[str], pid_file: Path, log_location: Path, ready_file:
 
 
 def stop(pid_file: Path) -> int:
-    """SIGTERM the Ferry server ``pid_file`` names and wait until it is gone."""
+    """SIGTERM the Ferry server ``pid_file`` names and wait until it is gone. Exit code 0
+    also when none runs (TorchServe's ``torchserve --stop``: "TorchServe is not currently
+    running.", on stdout, exit 0), so that stopping is idempotent; 1 when it outlives
+    ``STOP_SECONDS``."""
     pid = running_pid(pid_file)
     if pid is None:
         pid_file.unlink(missing_ok=True)  # a stale file from a server that is gone
-        print("Ferry is not currently running.", file=sys.stderr)
-        return 1
+        print("Ferry is not currently running.")  # TorchServe's words, and its exit code 0
+        return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_SECONDS
     while _is_alive(pid):

@@ -106,13 +106,18 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, str]:
     return flags
 
 
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+def config_file_from_args(args: argparse.Namespace) -> Path | None:
     """``--ts-config``, else TorchServe's ``TS_CONFIG_FILE`` variable, names the config file
-    (a flag wins over the environment, as for every setting)."""
-    config_file = args.ts_config
-    if config_file is None and os.environ.get("TS_CONFIG_FILE"):
-        config_file = Path(os.environ["TS_CONFIG_FILE"]).expanduser()
-    return load_settings(flags_from_args(args), os.environ, config_file)
+    (a flag wins over the environment, as for every setting); None: no config file."""
+    if args.ts_config is not None:
+        return Path(args.ts_config)
+    if os.environ.get("TS_CONFIG_FILE"):
+        return Path(os.environ["TS_CONFIG_FILE"]).expanduser()
+    return None
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    return load_settings(flags_from_args(args), os.environ, config_file_from_args(args))
 
 
 def _run_loop(coroutine: Any) -> int:
@@ -159,7 +164,9 @@ def _serve(args: argparse.Namespace) -> int:
         from ferry.ray_serve.app import run_on_ray
 
         return run_on_ray(settings, args.ray or None)  # snapshots: the Ray application's
-    settings = restore_snapshot(settings)  # a source like the others, once logging is set
+    # A source like the others, once logging is set; as in TorchServe, only a start with no
+    # config file restores the latest snapshot.
+    settings = restore_snapshot(settings, config_file_from_args(args))
     return _run_loop(run_server(settings))
 
 

@@ -290,6 +290,9 @@ class ImageTransformConfig:
     std: tuple[float, ...] = _key(IMAGENET_STD, channels(positive=True))
     gpu_decode: bool = _key(False, boolean)
     """Decode JPEGs on the worker's GPU (needs torchvision)."""
+    draft_decode: bool = _key(False, boolean)
+    """Decode a large JPEG at a fraction of its size (PIL's draft mode) before resizing:
+    faster, but the model's input is no longer TorchServe's (docs/handlers.md)."""
 
     def check(self, where: str) -> None:
         if self.crop > self.resize:

@@ -3,9 +3,10 @@ the gRPC inference server, beside TorchServe's ``InferenceAPIsService`` (the sam
 auth and TLS), with the REST adapter's semantics (``ferry.http.kserve``).
 
 ``ModelInfer`` is one ``service.predict`` call with the JSON document REST would send the
-handler (``v2.InferRequest.handler_document``), so it queues and batches with every other
-protocol's requests; the answer's outputs (``v2.outputs_from_answer``), less those not
-asked for, go back in ``raw_output_contents`` (``open_inference_codec`` says why).
+handler (``v2.InferRequest.handler_document``), read through the ``kservev2`` envelope
+where REST's is, so it queues and batches with every other protocol's requests; the
+answer's outputs (``v2.outputs_from_answer``), less those not asked for, go back in
+``raw_output_contents`` (``open_inference_codec`` says why).
 ``RepositoryModelLoad`` registers the model store's ``NAME.mar`` synchronously, with one
 worker unless its model-config asks for more. Load and unload are management operations,
 as registering over REST is: they need the management key whenever keys are on, even on
@@ -39,6 +40,8 @@ from ferry.service import FerryService
 from ferry.service.types import InputPart, TensorSpec
 
 SERVICE = "inference.GRPCInferenceService"
+V2_ENVELOPE = "kservev2"
+"""The request envelope REST's V2 requests are read with too (``ferry.http.kserve``)."""
 EXTENSIONS = ["model_repository"]
 """What ``ServerMetadata`` lists (REST lists ``binary_tensor_data``, a JSON notion)."""
 REPOSITORY_METHODS = frozenset(
@@ -159,7 +162,9 @@ class OpenInference(pb_grpc.GRPCInferenceServiceServicer):
         payload, payload_type = parsed.worker_payload()
         headers = {**request_headers(context), "content-type": "application/json"}
         part = InputPart("body", payload_type, payload)
-        answer = await self._service.predict(model, version, [part], headers, on_hang_up(context))
+        answer = await self._service.predict(
+            model, version, [part], headers, on_hang_up(context), envelope=V2_ENVELOPE
+        )
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
         except ValueError as exc:

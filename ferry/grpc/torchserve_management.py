@@ -5,6 +5,9 @@ Every call answers a ``ManagementResponse``: ``DescribeModel`` and ``ListModels`
 API's JSON body, the others its ``status`` text (as TorchServe's gRPC API does). proto3
 cannot tell an unset field from 0 or "": as in TorchServe, a number of 0 or less and an
 empty string mean "the default" (REST's defaults), and ``synchronous`` is false unless set.
+``ListModels`` is the exception, as in TorchServe: its ``limit`` goes to the paging as
+sent, so without one (0) the page is empty (TorchServe's proto promises 100; its
+``ApiUtils.getModelList`` pages 0 models), and below 0 or above 100 it is 100.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ class TorchServeManagement(pb_grpc.ManagementAPIsServiceServicer):
     async def ListModels(
         self, request: pb.ListModelsRequest, context: Context
     ) -> pb.ManagementResponse:
-        page = self._service.list_models(request.limit or 100, request.next_page_token)
+        # limit 0 (unset) is an empty page, as TorchServe answers it (module docstring).
+        page = self._service.list_models(request.limit, request.next_page_token)
         document: dict[str, Any] = {
             "models": [{"modelName": name, "modelUrl": url} for name, url in page.models]
         }

@@ -2,8 +2,13 @@
 Protocol V2 (``/v2/...``, with the binary tensor data extension) and KServe V1
 (``/v1/models/...``). Each request becomes one ``service.predict`` call, so it queues and
 batches with every other protocol's requests for the model (``ferry.protocols.v2`` says
-what the handler receives). Errors are ``{"error": message}`` with the HTTP status of
-``ferry.error_table``.
+what the handler receives; TorchServe's handlers, the built-in ones included, read each
+protocol through its request envelope unless ``service_envelope`` names one for every
+request: docs/protocols.md). ``POST /v2/models/NAME[/versions/V]/explain``, which TorchServe
+serves beside ``/infer``, is an infer request sent to the handler as an explanation
+(TorchServe's ``explain: True``, the ``/explanations`` API's) and answered as one. Errors
+are ``{"error": message}`` with the HTTP status of ``ferry.error_table``, or the one the
+handler chose (``PredictionException``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry import __version__
-from ferry.errors import FerryError, InvalidInput
+from ferry.errors import FerryError, HandlerFailed, InvalidInput
 from ferry.http.errors import StatusRecorder, lookup
 from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
@@ -27,6 +32,11 @@ from ferry.service.types import InputPart, Prediction, TensorSpec
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+V1_ENVELOPE = "kserve"
+V2_ENVELOPE = "kservev2"
+"""TorchServe's request envelopes each protocol's requests are read with, where
+``service_envelope`` is unset and the handler is TorchServe's kind (``RequestItem.envelope``)."""
+
 
 def _json(document: Any, status: int = 200) -> Response:
     return Response(json.dumps(document), status_code=status, media_type="application/json")
@@ -34,6 +44,8 @@ def _json(document: Any, status: int = 200) -> Response:
 
 def _error(error: FerryError) -> Response:
     status, _ = lookup(error)
+    if isinstance(error, HandlerFailed) and error.status is not None:
+        status = error.status  # the handler asked for this code (PredictionException)
     return Response(v2.error_document(str(error)), status, media_type="application/json")
 
 
@@ -86,6 +98,7 @@ def kserve_routes(service: FerryService, record: StatusRecorder, limit: int) -> 
         *model_paths("", open_inference.model_metadata, ["GET"]),
         *model_paths("/ready", open_inference.model_ready, ["GET"]),
         *model_paths("/infer", open_inference.infer, ["POST"]),
+        *model_paths("/explain", open_inference.explain, ["POST"]),
         Route("/v1/models", guarded(v1.models), methods=["GET"]),
         Route("/v1/models/{model}", guarded(v1.model), methods=["GET"]),
         Route("/v1/models/{target}", guarded(v1.verb), methods=["POST"]),
@@ -134,6 +147,14 @@ class _OpenInferenceV2:
         return _json(document, 200 if readiness.ready else 503)
 
     async def infer(self, request: Request) -> Response:
+        return await self._answer(request, explain=False)
+
+    async def explain(self, request: Request) -> Response:
+        """TorchServe's V2 explain: the infer request, to the handler's ``explain_handle``
+        (a handler that cannot explain answers 501)."""
+        return await self._answer(request, explain=True)
+
+    async def _answer(self, request: Request, *, explain: bool) -> Response:
         service = self.service
         model = request.path_params["model"]
         service.admit(model, _version(request))  # 404 / 503 before reading the body
@@ -141,7 +162,7 @@ class _OpenInferenceV2:
         parsed = v2.parse_request(
             body, request.headers.get(v2.BINARY_HEADER), service.settings.tensor_element_limit
         )
-        answer = await self._predict(request, model, *parsed.worker_payload())
+        answer = await self._predict(request, model, *parsed.worker_payload(), explain=explain)
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
         except ValueError as exc:
@@ -158,14 +179,17 @@ class _OpenInferenceV2:
         return Response(content, headers=headers, media_type="application/octet-stream")
 
     async def _predict(
-        self, request: Request, model: str, body: bytes, body_type: str
+        self, request: Request, model: str, body: bytes, body_type: str, *, explain: bool
     ) -> Prediction:
         service = self.service
         version = service.admit(model, _version(request)).version
         headers = {k.lower(): v for k, v in request.headers.items()}
         headers["content-type"] = "application/json"  # what the handler's document is
         part = InputPart("body", body_type, body)
-        return await service.predict(model, version, [part], headers, on_hang_up(request.scope))
+        hang_up = on_hang_up(request.scope)
+        return await service.predict(
+            model, version, [part], headers, hang_up, explain=explain, envelope=V2_ENVELOPE
+        )
 
 
 class _KServeV1:
@@ -198,8 +222,9 @@ class _KServeV1:
         _check_instances(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
         part = InputPart("body", "application/json", body)
+        hang_up, explain = on_hang_up(request.scope), verb == "explain"
         answer = await service.predict(
-            model, None, [part], headers, on_hang_up(request.scope), explain=verb == "explain"
+            model, None, [part], headers, hang_up, explain=explain, envelope=V1_ENVELOPE
         )
         return Response(
             _v1_answer(answer, "explanations" if verb == "explain" else "predictions"),

@@ -14,6 +14,7 @@ import socket
 import ssl
 import stat
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ferry.apis import Apis
 from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError
+from ferry.grpc.tls import security_level_refusal
 from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
@@ -116,9 +118,13 @@ def _uvicorn_config(app: ASGIApp, address: Address, settings: ServerSettings) ->
     try:
         config.load()  # fail now, with a clear error, on an unreadable certificate or key
     except (OSError, ssl.SSLError) as error:
-        raise ConfigError(
-            f"{address.url()}: cannot load the TLS certificate or key: {error}"
-        ) from error
+        refusal = None
+        if isinstance(error, ssl.SSLError) and tls:  # e.g. TorchServe's 1024-bit test key
+            refusal = security_level_refusal(
+                error, Path(tls["ssl_certfile"]), Path(tls["ssl_keyfile"])
+            )
+        reason = refusal or f"cannot load the TLS certificate or key: {error}"
+        raise ConfigError(f"{address.url()}: {reason}") from error
     return config
 
 

@@ -9,6 +9,10 @@ into ``data``), and TorchServe's
 ``kservev2`` envelope turns that into its rows for handlers written for TorchServe on
 KServe. The handler's answer becomes the response's outputs: a V2 response document (what
 the envelope produces) as it is, anything else as one output.
+
+Shapes are whole numbers, except that a BYTES input may leave one dimension to its data
+(``-1``, as TorchServe's KServe samples send ``"shape": [-1]``, which its ``kservev2``
+envelope ignores for BYTES): the handler gets the size the elements give instead.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ BINARY_HEADER = "inference-header-content-length"
 """The binary tensor data extension's header: the length of the JSON part of a body."""
 
 DATATYPES = (*tensor_bytes.FIXED_TYPES, "BYTES")
+FREE_DIMENSION = -1
+"""The one dimension of a BYTES input's shape its data may size (``"shape": [-1]``)."""
 _INT_RANGES = {
     "UINT8": (0, 2**8 - 1),
     "UINT16": (0, 2**16 - 1),
@@ -220,18 +226,22 @@ def _input(entry: Any, index: int, chunks: _BinaryChunks, budget: ElementBudget)
     name, datatype, shape = input_header(
         index, entry.get("name"), entry.get("datatype"), entry.get("shape")
     )
-    budget.charge(shape, name)
+    sized_by_data = FREE_DIMENSION in shape
+    if not sized_by_data:
+        budget.charge(shape, name)  # before any element is looked at
     parameters = _parameters(entry.get("parameters"), f"input {name!r} parameters")
     size = parameters.pop("binary_data_size", None)
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidInput(f"input {name!r}: binary_data_size must be a whole number")
-        return binary_input(name, datatype, shape, chunks.take(size, name), parameters)
-    if "data" not in entry:
+        tensor = binary_input(name, datatype, shape, chunks.take(size, name), parameters)
+    elif "data" not in entry:
         raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
-    data = list(_flatten(entry["data"]))
-    _check_elements(data, datatype, shape, name)
-    return Tensor(name, datatype, shape, data, parameters)
+    else:
+        tensor = decoded_input(name, datatype, shape, list(_flatten(entry["data"])), parameters)
+    if sized_by_data:  # its size is known once its elements are counted
+        budget.charge(tensor.shape, name)
+    return tensor
 
 
 def binary_input(
@@ -243,8 +253,10 @@ def binary_input(
 ) -> Tensor:
     """An input whose elements came as little-endian bytes (REST's binary extension,
     gRPC's ``raw_input_contents``), after ``input_header``: checked to hold the elements
-    its shape declares, and kept as bytes."""
+    its shape declares (a BYTES input's -1 takes the size its elements give), and kept as
+    bytes."""
     count = tensor_bytes.element_count(raw, datatype, name)
+    shape = _sized(shape, count, name)
     expected = math.prod(shape)
     if count != expected:
         raise InvalidInput(
@@ -255,14 +267,16 @@ def binary_input(
 
 def input_header(index: int, name: Any, datatype: Any, shape: Any) -> tuple[str, str, list[int]]:
     """The name, datatype and shape of ``inputs[index]``, checked (``InvalidInput``, with
-    the same words for every transport)."""
+    the same words for every transport). A BYTES input's shape may hold one -1
+    (``FREE_DIMENSION``), as TorchServe's KServe samples send ``"shape": [-1]``: its size
+    is what the elements give, set by ``decoded_input`` / ``binary_input``."""
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"inputs[{index}] needs a 'name'")
     if datatype not in DATATYPES:
         raise InvalidInput(
             f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
         )
-    return name, datatype, _shape(shape, name)
+    return name, datatype, _shape(shape, name, datatype)
 
 
 def decoded_input(
@@ -275,7 +289,8 @@ def decoded_input(
     """An input whose elements a transport decoded itself (gRPC's typed or raw contents;
     BYTES elements as base64 text, as ``decode_binary`` gives them), after
     ``input_header``: its elements checked against its shape and datatype as a JSON
-    input's are."""
+    input's are (a BYTES input's -1 takes the size its elements give)."""
+    shape = _sized(shape, len(data), name)
     _check_elements(data, datatype, shape, name)
     return Tensor(name, datatype, shape, data, dict(parameters or {}))
 
@@ -299,12 +314,34 @@ def infer_request(
     return InferRequest(request_id, dict(parameters), inputs, requested, binary_outputs=False)
 
 
-def _shape(value: Any, name: str) -> list[int]:
+def _shape(value: Any, name: str, datatype: str) -> list[int]:
+    whole = "'shape' must be a list of whole numbers"
     if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+        isinstance(d, int) and not isinstance(d, bool) and d >= FREE_DIMENSION for d in value
     ):
-        raise InvalidInput(f"input {name!r}: 'shape' must be a list of whole numbers")
+        raise InvalidInput(f"input {name!r}: {whole}")
+    free = value.count(FREE_DIMENSION)
+    if free and datatype != "BYTES":
+        raise InvalidInput(
+            f"input {name!r}: {whole} (-1, a size the data gives, is for BYTES inputs only)"
+        )
+    if free > 1:
+        raise InvalidInput(f"input {name!r}: 'shape' may hold one -1, not {free}")
     return list(value)
+
+
+def _sized(shape: list[int], count: int, name: str) -> list[int]:
+    """``shape`` with its -1, if any, set to the size that ``count`` elements give it (as
+    numpy's ``reshape`` infers it); ``InvalidInput`` when they fill no such shape."""
+    if FREE_DIMENSION not in shape:
+        return shape
+    known = math.prod(d for d in shape if d != FREE_DIMENSION)
+    if known == 0 or count % known:
+        raise InvalidInput(
+            f"input {name!r}: no size for the -1 of shape {shape} fits the data's "
+            f"element count, {count}"
+        )
+    return [count // known if d == FREE_DIMENSION else d for d in shape]
 
 
 def _flatten(data: Any) -> Iterator[Any]:

@@ -11,7 +11,7 @@ _PATTERNS = [
     for p in (
         r"^/(?:predictions|explanations|ping)/(?P<model>[^/]+)(?:/(?P<version>[^/]+))?/?$",
         r"^/v1/models/(?P<model>[^/:]+)(?::predict|:explain)?/?$",
-        r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?(?:/infer|/ready)?/?$",
+        r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?(?:/infer|/explain|/ready)?/?$",
     )
 ]
 

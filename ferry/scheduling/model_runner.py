@@ -230,17 +230,19 @@ class ModelRunner:
         headers: dict[str, str],
         parts: list[InputPart],
         on_part: OnPredictionPart | None = None,
-        *,
         priority: int = 0,
         budget: float | None = None,
+        *,
         alone: bool = False,
+        envelope: str = "",
     ) -> Job:
         """Queue a request as a job, whose ``future`` gets its answer; raises
         ``Overloaded`` or ``NoWorkerAvailable``. ``budget``: the seconds it may take from
         now, after which ``deadline_passed``; ``alone``: in a batch of its own, ahead of
-        the others (``submit_alone``)."""
+        the others (``submit_alone``); ``envelope``: the request envelope its protocol is
+        read with (``RequestItem.envelope``)."""
         loop = asyncio.get_running_loop()
-        item = RequestItem(request_id, headers, parts)
+        item = RequestItem(request_id, headers, parts, envelope)
         job = Job(item, loop.create_future(), on_part, priority=priority)
         expiry = None
         if budget is not None:

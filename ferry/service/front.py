@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from ferry.config.settings import ServerSettings, available_cores
+from ferry.config.settings import ServerSettings
 from ferry.errors import (
     ClientGone,
     FerryError,
@@ -62,7 +62,7 @@ class FerryService:
             max_handler_series=settings.max_handler_metric_series,
         )
         self.models = ModelLifecycle(
-            settings, start_worker, self.metrics, machine or Machine(available_cores(), 0)
+            settings, start_worker, self.metrics, machine or Machine(None, 0)
         )
         self.draining = False
         """Stopping: requests are still served, readiness says no (``drain_delay``)."""
@@ -100,9 +100,12 @@ class FerryService:
         on_part: OnPredictionPart | None = None,
         *,
         explain: bool = False,
+        envelope: str = "",
     ) -> Prediction:
         """Queue a request and await its answer (``submit``, then its result)."""
-        pending = self.submit(model, version, parts, headers, on_hang_up, on_part, explain=explain)
+        pending = self.submit(
+            model, version, parts, headers, on_hang_up, on_part, explain=explain, envelope=envelope
+        )
         with contextlib.suppress(FerryError):  # result() raises it
             await pending.future  # cancelling the caller cancels the request
         return pending.result()
@@ -117,28 +120,28 @@ class FerryService:
         on_part: OnPredictionPart | None = None,
         *,
         explain: bool = False,
+        envelope: str = "",
     ) -> PendingPrediction:
         """Queue a request, answered when the returned prediction's future is done.
         ``on_hang_up``: where the transport says its client went (answered ``ClientGone``).
         Streamed parts go to ``on_part``, or are joined before the last. ``explain``:
-        TorchServe's ``explain: True``, alone in a batch (handlers read its first request)."""
+        TorchServe's ``explain: True``, alone in a batch (handlers read its first request).
+        ``envelope``: the request envelope its protocol is read with (KServe's routes)."""
         runner = self._runner(model, version)
         budget = runner.client_budget(deadline_budget(headers))  # bad headers: before the id
         priority = request_priority(headers)
         request_id = self._request_ids.choose(headers.get("x-request-id", ""))
-        if explain:
-            headers = {**headers, "explain": "True"}
+        headers = {**headers, "explain": "True"} if explain else headers
         joined: list[bytes] = []
-        sink = self._part_sink(on_part, joined)
+        sink, limit = self._part_sink(on_part, joined), self.settings.max_response_size
         try:
             job = runner.enqueue(
-                request_id, headers, parts, sink, priority=priority, budget=budget, alone=explain
+                request_id, headers, parts, sink, priority, budget, alone=explain, envelope=envelope
             )
         except BaseException:
             self._request_ids.release(request_id)
             raise
-        limit, release = self.settings.max_response_size, self._request_ids.release
-        pending = PendingPrediction(job, joined, limit, runner.metrics, release)
+        pending = PendingPrediction(job, joined, limit, runner.metrics, self._request_ids.release)
         if on_hang_up is not None:
             on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
         return pending

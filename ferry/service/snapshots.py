@@ -1,8 +1,8 @@
 """Model snapshots: the registered models and their scaling, kept across restarts.
 
-Like TorchServe, Ferry writes a snapshot after start-up and after each successful register,
-unregister, scale and set-default (and, Ferry's own, a batch policy switch), and the next
-``ferry serve`` without ``--models`` loads the models of the latest one. A snapshot is a
+Like TorchServe, Ferry writes a snapshot after start-up (``-startup.cfg``), after each
+successful register, unregister, scale and set-default (and, Ferry's own, a batch policy
+switch; ``-snapshot.cfg``) and when it stops (``-shutdown.cfg``). A snapshot is a
 ``config.properties`` that ``--ts-config`` could read too::
 
     model_store=/srv/models
@@ -11,7 +11,13 @@ unregister, scale and set-default (and, Ferry's own, a batch policy switch), and
 
 They live in ``<log_location>/config/`` (TorchServe keeps them under its log folder); a
 server without ``log_location``, whose logs go to stderr, keeps none, nor does one started
-with ``config_snapshots=false`` (``--ncs``). The last ``KEEP`` snapshots are kept.
+with ``config_snapshots=false`` (``--ncs``). The last ``KEEP`` snapshots are kept, of
+whichever kind.
+
+The newest of them, whichever its kind, is restored at a start with no config file, as
+TorchServe does (``ConfigManager``: only when neither ``TS_CONFIG_FILE`` nor
+``--ts-config`` names one, and not with ``--ncs``). Ferry's difference: ``--models`` wins
+over the snapshot (TorchServe ignores ``--models`` when it restores one).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ log = logging.getLogger("ferry.snapshots")
 KEEP = 10
 """Snapshot files kept in the folder; older ones are deleted."""
 
-_NAME = re.compile(r"^(\d{20})-(startup|snapshot)\.cfg$")
+KINDS = ("startup", "snapshot", "shutdown")
+"""TorchServe's snapshot kinds, each a file name suffix: ``<timestamp>-<kind>.cfg``."""
+
+_NAME = re.compile(rf"^(\d{{20}})-({'|'.join(KINDS)})\.cfg$")
 
 
 @dataclass(frozen=True)
@@ -129,14 +138,19 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
 
 def write_snapshot(folder: Path, state: ServerSnapshot, kind: str = "snapshot") -> Path:
     """Write ``<timestamp>-<kind>.cfg`` atomically (a reader never sees half a file) and
-    delete all but the newest ``KEEP``. ``kind`` is ``startup`` or ``snapshot``."""
+    delete all but the newest ``KEEP``. ``kind`` is one of ``KINDS``."""
+    if kind not in KINDS:
+        raise ValueError(f"snapshot kind {kind!r} is not one of {KINDS}")
     folder.mkdir(parents=True, exist_ok=True)
     stamp = int(datetime.now(UTC).strftime("%Y%m%d%H%M%S%f"))
     latest = latest_snapshot(folder)
     if latest is not None:  # names must sort in writing order, even within a microsecond
         stamp = max(stamp, int(latest.name[:20]) + 1)
     path = folder / f"{stamp:020d}-{kind}.cfg"
-    lines = [f"# Ferry model snapshot ({kind}); restored by the next start without --models"]
+    lines = [
+        f"# Ferry model snapshot ({kind}); restored by the next start without --models, "
+        "--ts-config or TS_CONFIG_FILE"
+    ]
     lines += [f"{key}={value}" for key, value in to_properties(state).items()]
     descriptor, tmp = tempfile.mkstemp(dir=folder, prefix=".snapshot-", suffix=".tmp")
     try:
@@ -163,13 +177,17 @@ def _snapshots(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
 
 
-def restore_snapshot(settings: ServerSettings) -> ServerSettings:
-    """``settings`` with the latest snapshot's models as start-up models, unless
-    ``--models`` named some or snapshots are off. The snapshot's per-version values win
-    over the config file's ``models`` JSON; its other keys there stay."""
+def restore_snapshot(settings: ServerSettings, config_file: Path | None = None) -> ServerSettings:
+    """``settings`` with the latest snapshot's models as start-up models, unless a config
+    file was given (``config_file``: ``--ts-config`` or ``TS_CONFIG_FILE``; TorchServe's
+    rule), ``--models`` named some, or snapshots are off. The snapshot's per-version values
+    win over a ``models`` JSON from flags or variables; its other keys there stay."""
     folder = snapshot_folder(settings)
     path = latest_snapshot(folder) if folder is not None and not settings.models else None
     if path is None:
+        return settings
+    if config_file is not None:
+        log.info("snapshot %s not restored: config file %s given", path, config_file)
         return settings
     try:
         values = read_properties(path)

@@ -37,7 +37,12 @@ class ProtocolError(Exception):
 def _fields(message: Message) -> tuple[int, list[Any]]:
     if isinstance(message, PredictBatch):
         items = [
-            [item.request_id, item.headers, [[p.name, p.content_type, p.data] for p in item.parts]]
+            [
+                item.request_id,
+                item.headers,
+                [[p.name, p.content_type, p.data] for p in item.parts],
+                item.envelope,
+            ]
             for item in message.items
         ]
         return _PREDICT, [message.batch_id, items]
@@ -89,8 +94,8 @@ def _predict_batch(fields: list[Any]) -> PredictBatch:
     return PredictBatch(
         batch_id,
         [
-            RequestItem(rid, headers, [InputPart(*part) for part in parts])
-            for rid, headers, parts in items
+            RequestItem(rid, headers, [InputPart(*part) for part in parts], envelope)
+            for rid, headers, parts, envelope in items
         ],
     )
 

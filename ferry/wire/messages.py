@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
-4: the frontend may send ``CancelRequests`` while a batch runs."""
+4: the frontend may send ``CancelRequests`` while a batch runs.
+5: each ``RequestItem`` carries the request envelope its protocol is read with."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class RequestItem:
     request_id: str
     headers: dict[str, str]
     parts: list[InputPart]
+    envelope: str = ""
+    """TorchServe's request envelope the request's protocol is read with (``kserve`` for
+    KServe V1, ``kservev2`` for the Open Inference Protocol); "" for TorchServe's own APIs.
+    The worker applies it only where ``service_envelope`` is unset and the handler is
+    TorchServe's kind (``ferry.worker.loading``)."""
 
 
 @dataclass(frozen=True)

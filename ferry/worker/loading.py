@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,10 @@ class ReadyHandler:
     """The handler object for class-based handlers (its ``preprocess``, ``model`` ...);
     None for function handlers."""
     pipeline: StagePipeline | None = None
+    request_envelopes: Callable[[str], EntryPoint] | None = None
+    """The entry point for each request envelope a request names (``RequestItem.envelope``):
+    only for TorchServe's handlers (``reads_envelopes``) where no ``service_envelope``
+    wraps ``entry`` for every request; None, every request goes to ``entry``."""
 
     def close(self) -> None:
         """Stop the stage pipeline's threads and processes, if any."""
@@ -87,9 +91,28 @@ def load_handler(
     entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
     _add_pipeline(ready, model_yaml_config)
+    if not envelope and reads_envelopes(ready.instance):
+        ready.request_envelopes = request_envelope.PerRequestEnvelopes(ready.entry)
     # Outermost, as TorchServe wraps the handler's entry point in it.
     ready.entry = request_envelope.wrap(ready.entry, envelope)
     return ready
+
+
+_TORCHSERVE_BASES = ("ferry.handlers.builtin.base_handler", "ts.torch_handler.base_handler")
+"""Where TorchServe's ``BaseHandler`` lives: Ferry's (the ``ts`` shim's too), TorchServe's."""
+
+
+def reads_envelopes(instance: Any) -> bool:
+    """Whether a handler reads KServe's protocols only through their request envelopes:
+    one built on TorchServe's ``BaseHandler`` (every built-in handler, and handlers
+    written for TorchServe) takes rows of inputs, and on KServe TorchServe only ever hands
+    it an envelope's. Other handlers (functions, classes of their own) get each protocol's
+    document as it is, and may speak it themselves. Nothing is imported to tell."""
+    for module in _TORCHSERVE_BASES:
+        base = getattr(sys.modules.get(module), "BaseHandler", None)
+        if isinstance(base, type) and isinstance(instance, base):
+            return True
+    return False
 
 
 def _add_pipeline(ready: ReadyHandler, model_yaml_config: dict[str, Any]) -> None:

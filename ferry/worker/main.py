@@ -65,7 +65,8 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         package_dirs=spec.package_dirs,
         envelope=spec.envelope,
     )
-    return BatchRunner(ready.entry, ready.context, send), _chosen_device(ready.instance, spec)
+    runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
+    return runner, _chosen_device(ready.instance, spec)
 
 
 def _chosen_device(handler: object, spec: WorkerSpec) -> str:

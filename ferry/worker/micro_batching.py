@@ -1,12 +1,15 @@
 """``MicroBatching``: TorchServe's micro-batching handle (``ts.handler_utils.micro_batching``),
 run on Ferry's stage pipeline (``ferry.worker.pipeline``).
 
-A handler opts in from its own code, as TorchServe's example does::
+A handler opts in from its own code, as TorchServe's example does (whose ``__init__`` skips
+``super().__init__()``: the built-in handlers do not need it)::
 
-    class Handler(BaseHandler):
+    class Handler(ImageClassifier):
         def __init__(self):
-            super().__init__()
             self.handle = MicroBatching(self, micro_batch_size=4)
+
+        def initialize(self, ctx):
+            super().initialize(ctx)
             self.handle.parallelism = {"preprocess": 2, "inference": 1, "postprocess": 2}
 
 Each batch is split into micro-batches of ``micro_batch_size``; ``parallelism.preprocess``

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from typing import Any
 
 from ferry.errors import InvalidInput
@@ -50,14 +52,25 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_output(value: Any, content_type: str | None) -> tuple[bytes, str]:
-    """Bytes go out raw, str as text, anything else as JSON (``ValueError`` when it cannot
-    be written: not serialisable, circular, or nested too deeply)."""
+    """Bytes go out raw, str as text, a tensor as ``torch.save`` writes it (as TorchServe
+    sends it: a workflow's next node, or a client, reads it with ``torch.load``), anything
+    else as JSON (``ValueError`` when it cannot be written: not serialisable, circular, or
+    nested too deeply)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), content_type or "application/octet-stream"
     if isinstance(value, str):
         return value.encode(), content_type or "text/plain; charset=utf-8"
+    torch = sys.modules.get("torch")  # a handler that returns a tensor has imported it
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _saved(torch, value), content_type or "application/octet-stream"
     try:
         text = json.dumps(value, default=_json_default)
     except RecursionError:
         raise ValueError("the answer is nested too deeply to write as JSON") from None
     return text.encode(), content_type or "application/json"
+
+
+def _saved(torch: Any, tensor: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()

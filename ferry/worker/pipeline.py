@@ -81,6 +81,10 @@ def staged_handler(entry: Callable[..., Any]) -> Any | None:
     return service if service is not None and all(hasattr(service, s) for s in stages) else None
 
 
+_NOTHING: Any = object()
+"""The output of a micro-batch none of whose rows could be preprocessed."""
+
+
 class StagePipeline:
     """Runs one batch of handler rows through the three stages, micro-batch by micro-batch."""
 
@@ -110,6 +114,9 @@ class StagePipeline:
                 elapsed_ms += (time.perf_counter() - start) * 1000
             return batch, failures, elapsed_ms
         start = time.perf_counter()
+        forget_failures = getattr(self.handler, "forget_failures", None)
+        if forget_failures is not None:  # a subclass's preprocess may not set them
+            forget_failures()
         tensor = self.handler.preprocess(rows)
         failures = dict(getattr(self.handler, "failures", {}) or {})
         return tensor, failures, (time.perf_counter() - start) * 1000
@@ -144,7 +151,10 @@ class StagePipeline:
                 context.add_stage_time("preprocess", pre_ms)
                 if seeking:
                     wait([post[3] for post in posts if isinstance(post[3], Future)])
-                output = self._inference(tensor, context)
+                # Nothing decoded: nothing to infer. Otherwise, as TorchServe, inference and
+                # postprocess run even on a None batch (a subclass's preprocess may return one).
+                decoded = tensor is not None or not failures
+                output = self._inference(tensor, context) if decoded else _NOTHING
             except Exception as exc:
                 log.exception("micro-batch %d failed", index)
                 posts.append((first, len(chunks[index]), {}, exc))
@@ -169,19 +179,20 @@ class StagePipeline:
         return submitted
 
     def _inference(self, tensor: Any, context: Context) -> Any:
-        """The handler's output for one preprocessed micro-batch (None without a tensor),
-        its time added to ``context``."""
+        """The handler's output for one preprocessed micro-batch, its time added to
+        ``context``."""
         start = time.perf_counter()
         # Woken by a preprocess thread, perhaps on another core. While seeking,
         # no stage thread works now: the inference's new threads are the helpers.
         with handler_thread_work():
-            output = self.handler.inference(tensor) if tensor is not None else None
+            output = self.handler.inference(tensor)
         context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
         return output
 
     def _start_postprocess(self, output: Any) -> Future[Processed]:
-        """Postprocess ``output`` in the pool; no output has nothing to postprocess."""
-        if output is None:
+        """Postprocess ``output`` in the pool; a micro-batch with nothing decoded has
+        nothing to postprocess."""
+        if output is _NOTHING:
             future: Future[Processed] = Future()
             future.set_result(([], 0.0))
             return future

@@ -1,4 +1,9 @@
-"""Run one batch through a handler and turn every outcome into an ``ItemResult``."""
+"""Run one batch through a handler and turn every outcome into an ``ItemResult``.
+
+A batch whose requests name different request envelopes (``RequestItem.envelope``: a
+KServe V1, an Open Inference Protocol and a TorchServe request queued together) calls the
+handler once per envelope, each group through its own, and its answers go back in the
+order of the requests."""
 
 from __future__ import annotations
 
@@ -46,12 +51,20 @@ class BatchRunner:
         entry_point: EntryPoint,
         context: Context,
         send_partial: Callable[[PartialResult], None] | None = None,
+        *,
+        envelopes: Callable[[str], EntryPoint] | None = None,
     ) -> None:
+        """``envelopes``: the entry point for the requests that name each request envelope
+        (``ferry.worker.loading.ReadyHandler.request_envelopes``); without it every
+        request goes to ``entry_point``."""
         self.entry_point = entry_point
         self.context = context
         self.send_partial = send_partial
+        self.envelopes = envelopes
         self._streamed: set[str] = set()
         """Requests of the current batch that have sent a part: never run twice."""
+        self._stage_ms: dict[str, float] = {}
+        """The handler's stage times over every call of the current batch."""
 
     def run(
         self, batch: PredictBatch, is_cancelled: Callable[[int, str], bool] | None = None
@@ -59,7 +72,7 @@ class BatchRunner:
         """Every request of ``batch`` answered; ``is_cancelled(batch_id, request_id)``
         tells which lost their client meanwhile (``Context.send_intermediate``)."""
         start = time.perf_counter()
-        self._streamed = set()
+        self._streamed, self._stage_ms = set(), {}
         if self.send_partial is not None:
             send, batch_id = self.send_partial, batch.batch_id
             cancelled = None
@@ -73,7 +86,7 @@ class BatchRunner:
             HandlerMetricValue(m.name, m.value, m.unit, m.kind, dict(m.dimensions))
             for m in self.context.metrics.drain()
         ]
-        stages = dict(self.context.stage_ms) or {"handle": elapsed_ms}
+        stages = self._stage_ms or {"handle": elapsed_ms}
         return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages)
 
     def failed(self, batch: PredictBatch, exc: Exception) -> BatchResult:
@@ -107,18 +120,53 @@ class BatchRunner:
                 runnable.append(item)
             except InvalidInput as exc:
                 early[item.request_id] = _error(item, exc)
-        outcomes = self._call_handler(rows, runnable, isolate_on_error) if runnable else []
+        outcomes: list[ItemResult] = []
+        for envelope, group_rows, group in self._by_envelope(rows, runnable):
+            try:
+                entry = self.entry_point if self.envelopes is None else self.envelopes(envelope)
+            except ValueError as exc:  # an envelope of no such name
+                outcomes += [_error(item, exc) for item in group]
+                continue
+            outcomes += self._call_handler(entry, group_rows, group, isolate_on_error)
         by_id = {result.request_id: result for result in outcomes}
         return [early.get(item.request_id) or by_id[item.request_id] for item in items]
 
+    def _by_envelope(
+        self, rows: list[Any], items: list[RequestItem]
+    ) -> list[tuple[str, list[Any], list[RequestItem]]]:
+        """The requests grouped by the envelope they name, in order of first appearance:
+        one group for a batch that names one (always, without ``envelopes``)."""
+        if not items:
+            return []
+        if self.envelopes is None:
+            return [("", rows, items)]
+        first = items[0].envelope
+        if all(item.envelope == first for item in items):
+            return [(first, rows, items)]
+        groups: dict[str, tuple[list[Any], list[RequestItem]]] = {}
+        for row, item in zip(rows, items, strict=True):
+            group_rows, group = groups.setdefault(item.envelope, ([], []))
+            group_rows.append(row)
+            group.append(item)
+        return [(envelope, *group) for envelope, group in groups.items()]
+
+    def _invoke(self, entry: EntryPoint, rows: list[Any]) -> Any:
+        """``entry`` over ``rows``; the handler's stage times add to the batch's."""
+        try:
+            return entry(rows, self.context)
+        finally:
+            for stage, ms in self.context.stage_ms.items():
+                self._stage_ms[stage] = self._stage_ms.get(stage, 0.0) + ms
+
     def _call_handler(
-        self, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
+        self, entry: EntryPoint, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
     ) -> list[ItemResult]:
+        """``entry`` over the rows of ``items``, requests that name the same envelope."""
         ids = [i.request_id for i in items]
         self.context.start_batch(ids, [i.headers for i in items])
         with request_ids(ids):  # the handler's log records, and ours, name these requests
             try:
-                outputs = self.entry_point(rows, self.context)
+                outputs = self._invoke(entry, rows)
             except RequestCancelled as exc:
                 log.info("batch of %d stopped: %s", len(items), exc)
                 return [_error(item, exc) for item in items]

@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from ferry.cli.daemon import running_pid
+from ferry.config.sources import read_properties
+from ferry.service.snapshots import latest_snapshot
 from tests.fixtures.cli import run_ferry, serve_args
 from tests.fixtures.models import echo_store
 from tests.fixtures.polling import wait_until
@@ -86,6 +88,14 @@ def test_start_serves_in_the_background_until_stop(
         assert "ferry.access" not in ts_log and "ferry.worker.output" not in ts_log
         assert "ferry.worker.output" in (logs / "model_log.log").read_text()
         assert (logs / "model_metrics.log").exists()
+        # TorchServe's system metrics, the first set logged before the server is ready.
+        metrics = (logs / "ts_metrics.log").read_text().splitlines()
+        host = f"|#Level:Host|#hostname:{socket.gethostname()},timestamp:"
+        assert any(
+            line.split(" - ", 1)[1].startswith("CPUUtilization.Percent:") for line in metrics
+        )
+        assert all(host in line or ",DeviceId:" in line for line in metrics)
+        assert "Utilization.Percent" not in ts_log
 
         again = run_ferry(*args)
         assert again.returncode == 1
@@ -98,12 +108,25 @@ def test_start_serves_in_the_background_until_stop(
     assert not is_running(pid)
     wait_until("the workers to go", lambda: not any(is_running(w) for w in workers))
     assert not pid_file.exists()
+    # Stopping wrote TorchServe's shutdown snapshot: the one the next start restores.
+    shutdown = latest_snapshot(logs / "config")
+    assert shutdown is not None and shutdown.name.endswith("-shutdown.cfg")
+    assert read_properties(shutdown)["load_models"] == "echo=echo.mar"
 
 
-def test_stop_with_nothing_running_says_so(tmp_path: Path) -> None:
-    result = run_ferry("serve", "--stop", "--pid-file", str(tmp_path / "ferry.pid"))
-    assert result.returncode == 1
-    assert result.stderr.strip() == "Ferry is not currently running."
+def test_stop_with_nothing_running_says_so_and_succeeds(tmp_path: Path) -> None:
+    """As ``torchserve --stop``: a line on stdout, exit 0 (stopping is idempotent)."""
+    pid_file = tmp_path / "ferry.pid"
+    result = run_ferry("serve", "--stop", "--pid-file", str(pid_file))
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0,
+        "Ferry is not currently running.\n",
+        "",
+    )
+    pid_file.write_text("999999999\n")  # a stale file: no such process
+    result = run_ferry("serve", "--stop", "--pid-file", str(pid_file))
+    assert result.returncode == 0 and result.stdout == "Ferry is not currently running.\n"
+    assert not pid_file.exists()
 
 
 def test_a_failed_start_prints_the_log_tail_and_the_servers_exit_code(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ferry.service.snapshots import latest_snapshot
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
 from tests.fixtures.gate import busy_worker
@@ -146,6 +147,38 @@ def test_sigint_while_a_model_loads_stops_the_server_and_its_worker(
     assert "start-up interrupted" in log_text and "Traceback" not in log_text
     assert not is_running(worker)
     assert not ready_file.exists()
+
+
+def test_an_interrupted_start_up_writes_no_model_snapshot(store: Path, tmp_path: Path) -> None:
+    """The shutdown snapshot is a served state's: models half loaded are not the ones the
+    next start should restore."""
+    archive = _blocking_archive(store)
+    logs = tmp_path / "logs"
+    argv = [
+        *FERRY,
+        *serve_args(
+            store, "--models", archive, "--disable-token-auth", "--log-location", str(logs)
+        ),
+    ]
+    model_log = logs / "model_log.log"
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(
+            "the model loading",
+            lambda: (
+                model_log.exists() and "blocking handler loading in pid" in model_log.read_text()
+            ),
+            process=process,
+            log=logs / "ts_log.log",
+        )
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "start-up interrupted" in (logs / "ts_log.log").read_text()
+    assert latest_snapshot(logs / "config") is None  # neither a startup nor a shutdown one
 
 
 def test_sigterm_while_serving_exits_0_and_stops_the_workers(store: Path, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ own in one process: the server runs apart, and nothing here imports
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ferry import __version__
@@ -156,6 +158,43 @@ def test_errors_take_the_protocols_codes(server: RunningServer) -> None:
     with pytest.raises(InferenceServerException, match="unknown output 'nope'") as missing:
         client.infer("tensors", [_input("x", values)], outputs=unknown_output)
     assert _status(missing.value) == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_bytes_input_shaped_minus_one_as_torchserves_kserve_sample_sends_it(
+    server: RunningServer,
+) -> None:
+    """A request shaped like TorchServe's ``mnist_v2_bytes_grpc.json`` (one image in
+    ``bytes_contents``, shape [-1]), and the same with the image in
+    ``raw_input_contents`` as tritonclient sends it: the handler gets the image, base64,
+    with the size its elements give; -1 stays refused for other datatypes."""
+    image = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="5f1c-image",
+        datatype="BYTES",
+        shape=[-1],
+        contents=service_pb2.InferTensorContents(bytes_contents=[image]),
+    )
+    request = service_pb2.ModelInferRequest(model_name="tensors", id="img-1", inputs=[tensor])
+    with grpc.insecure_channel(server.grpc_url.removeprefix("grpc://")) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request, timeout=60)
+    echoed = response.outputs[0]
+    assert (echoed.name, echoed.datatype, list(echoed.shape)) == ("5f1c-image_out", "BYTES", [1])
+    # One BYTES element behind its 4-byte length: the handler reversed the image's base64.
+    reversed_b64 = response.raw_output_contents[0][4:].decode()
+    assert base64.b64decode(reversed_b64[::-1]) == image
+    assert response.id == "img-1"
+
+    raw = _input("5f1c-image", np.array([image], dtype=np.object_))
+    raw.set_shape([-1])
+    result = _client(server).infer("tensors", [raw])
+    (reversed_raw,) = result.as_numpy("5f1c-image_out")
+    assert base64.b64decode(reversed_raw.decode()[::-1]) == image
+    values = _input("x", np.ones((2,), dtype=np.float32))
+    values.set_shape([-1])
+    with pytest.raises(InferenceServerException, match="for BYTES inputs only") as refused:
+        _client(server).infer("tensors", [values])
+    assert _status(refused.value) == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_load_and_unload_through_the_model_repository(server: RunningServer) -> None:

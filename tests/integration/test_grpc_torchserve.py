@@ -180,10 +180,25 @@ def test_describe_and_list_answer_the_rest_json(manage: Any) -> None:
     )
     assert [d["modelName"] for d in described] == ["doubler"]
     assert described[0]["modelVersion"] == "1.0" and described[0]["workers"]
-    listed = json.loads(_msg(manage.ListModels, management.ListModelsRequest()))
+    listed = json.loads(_msg(manage.ListModels, management.ListModelsRequest(limit=100)))
     assert [m["modelName"] for m in listed["models"]] == ["doubler", "words"]
     paged = json.loads(_msg(manage.ListModels, management.ListModelsRequest(limit=1)))
     assert len(paged["models"]) == 1 and paged["nextPageToken"] == "1"
+    last = management.ListModelsRequest(limit=1, next_page_token=1)
+    assert [m["modelName"] for m in json.loads(_msg(manage.ListModels, last))["models"]] == [
+        "words"
+    ]
+    capped = json.loads(_msg(manage.ListModels, management.ListModelsRequest(limit=-1)))
+    assert len(capped["models"]) == 2  # out of 0..100: 100, as TorchServe pages
+
+
+def test_list_models_without_a_limit_is_an_empty_page_as_in_torchserve(manage: Any) -> None:
+    """proto3 sends no limit as 0, and TorchServe's gRPC ListModels pages 0 models then
+    (``ApiUtils.getModelList``), though its proto's comment promises 100."""
+    unset = json.loads(_msg(manage.ListModels, management.ListModelsRequest()))
+    assert unset == {"models": []}
+    later = management.ListModelsRequest(next_page_token=1)
+    assert json.loads(_msg(manage.ListModels, later)) == {"models": []}
 
 
 def test_describe_an_unknown_model_is_not_found(manage: Any) -> None:
@@ -340,7 +355,7 @@ def test_keys_are_checked_as_torchserve_checks_them(keyed_server: RunningServer)
         assert "Healthy" in stub.Ping(empty_pb2.Empty(), timeout=TIMEOUT).health  # open
     with grpc.insecure_channel(_target(keyed_server.grpc_management_url)) as channel:
         manage = _management_stub(channel)
-        listing = management.ListModelsRequest()
+        listing = management.ListModelsRequest(limit=10)
         refused = _error(lambda: manage.ListModels(listing, timeout=TIMEOUT))
         assert refused.code() == Code.PERMISSION_DENIED
         inference_key = _bearer(keys["inference"])

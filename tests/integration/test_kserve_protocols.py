@@ -4,6 +4,7 @@ without TorchServe's envelopes, and their error paths."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,15 +59,28 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield srv
 
 
+def _explaining_archive(store: Path) -> str:
+    scratch = store.parent / "explainer-src"
+    scratch.mkdir(exist_ok=True)
+    spec = ArchiveSpec(
+        model_name="explainer",
+        handler=str(HANDLERS / "ts_explaining_handler.py"),
+        config_file=write_config(scratch, {"minWorkers": 1}),
+    )
+    return write_archive(spec, store, force=True).name
+
+
 @pytest.fixture(scope="module")
 def enveloped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """TorchServe's handler unchanged behind the kservev2 envelope, as KServe runs it."""
+    """TorchServe's handlers unchanged behind the kservev2 envelope, as KServe runs them:
+    ``doubler`` (cannot explain), ``explainer`` (``get_insights``)."""
     tmp = tmp_path_factory.mktemp("kservev2")
     store = tmp / "store"
     store.mkdir()
     ts_style_archive(store)
+    models = ["doubler=doubler.mar", f"explainer={_explaining_archive(store)}"]
     extra = ("--service-envelope", "kservev2")
-    with ferry_server(store, ["doubler=doubler.mar"], tmp, *extra) as srv:
+    with ferry_server(store, models, tmp, *extra) as srv:
         yield srv
 
 
@@ -201,6 +215,65 @@ def test_kservev2_envelope_runs_a_torchserve_handler_unchanged(enveloped: Runnin
     assert response["id"] == "d3"
     binary = _client(enveloped).infer("doubler", inputs)  # tritonclient asks for binary
     np.testing.assert_array_equal(binary.as_numpy("input-0"), [2.0, 4.0])
+
+
+def test_v2_explain_answers_the_handlers_explanations_as_a_v2_response(
+    enveloped: RunningServer,
+) -> None:
+    """TorchServe's ``POST /v2/models/M/explain``: the infer request, sent to the handler
+    as an explanation (its ``get_insights``), answered in the V2 response shape."""
+    document = {
+        "id": "why-1",
+        "inputs": [{"name": "input-0", "shape": [1, 2], "datatype": "FP32", "data": [[3, 5]]}],
+    }
+    with enveloped.client() as http:
+        explained = http.post("/v2/models/explainer/explain", json=document)
+        versioned = http.post("/v2/models/explainer/versions/1.0/explain", json=document)
+        inferred = http.post("/v2/models/explainer/infer", json=document)
+        unable = http.post("/v2/models/doubler/explain", json=document)
+        unknown = http.post("/v2/models/nope/explain", json=document)
+        wrong_method = http.get("/v2/models/explainer/explain")
+    assert explained.status_code == 200, explained.text
+    assert explained.json() == {
+        "model_name": "explainer",
+        "model_version": "1.0",
+        "id": "why-1",
+        "outputs": [{"name": "input-0", "shape": [2], "datatype": "FP64", "data": [2.0, 2.0]}],
+    }  # d(2x)/dx for each value; predictions are the doubled values
+    assert versioned.status_code == 200 and versioned.json() == explained.json()
+    assert inferred.json()["outputs"][0]["data"] == [6.0, 10.0]
+    assert unable.status_code == 501, unable.text
+    assert "does not explain its predictions" in unable.json()["error"]
+    assert unknown.status_code == 404 and unknown.json() == {"error": "Model not found: nope"}
+    assert wrong_method.status_code == 405
+
+
+def test_a_bytes_input_shaped_minus_one_as_torchserves_kserve_sample_sends_it(
+    enveloped: RunningServer,
+) -> None:
+    """A request shaped like TorchServe's ``mnist_v2_bytes.json``: one base64 image in a
+    BYTES input of shape [-1]. The envelope hands the handler the image, as TorchServe's
+    does; -1 stays refused for other datatypes."""
+    image = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
+    document = {
+        "id": "c0ffee-42",
+        "inputs": [{"data": [image], "datatype": "BYTES", "name": "7e0d-image", "shape": [-1]}],
+    }
+    with enveloped.client() as http:
+        inferred = http.post("/v2/models/explainer/infer", json=document)
+        explained = http.post("/v2/models/explainer/explain", json=document)
+        fp32 = {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}]}
+        refused = http.post("/v2/models/explainer/infer", json=fp32)
+    assert inferred.status_code == 200, inferred.text
+    assert inferred.json() == {
+        "model_name": "explainer",
+        "model_version": "1.0",
+        "id": "c0ffee-42",
+        "outputs": [{"name": "7e0d-image", "shape": [1], "datatype": "FP64", "data": [96.0]}],
+    }  # twice the image's 48 bytes
+    assert explained.json()["outputs"][0]["data"] == [2.0]
+    assert refused.status_code == 400
+    assert "for BYTES inputs only" in refused.json()["error"]
 
 
 def test_kserve_v1_models_and_errors(server: RunningServer) -> None:

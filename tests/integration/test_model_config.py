@@ -10,7 +10,10 @@ from pathlib import Path
 from tests.fixtures.models import digest_archive
 from tests.fixtures.server import ferry_server
 
-TYPO = "image_classifier: unknown key 'tpok'; expected one of crop, gpu_decode, mean, resize"
+TYPO = (
+    "image_classifier: unknown key 'tpok'; expected one of crop, draft_decode, gpu_decode, "
+    "mean, resize"
+)
 
 
 def test_registering_an_invalid_config_answers_400_naming_the_key(tmp_path: Path) -> None:

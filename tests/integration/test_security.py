@@ -121,3 +121,30 @@ def test_https_without_certificate_stops_start_up(store: Path) -> None:
     https = serve_args(store, "--disable-token-auth", inference="https://127.0.0.1:0")
     result = run_ferry(*https, timeout=60)
     assert result.returncode == 2 and "certificate_file" in result.stderr
+
+
+def test_https_with_a_key_the_security_level_refuses_stops_start_up_saying_why(
+    store: Path, tmp_path: Path
+) -> None:
+    """TorchServe's test certificate has a 1024-bit RSA key, which OpenSSL's default
+    security level refuses: exit 2, one line naming the file, the reason and the fix."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "1"),
+            *("-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tls = ("--certificate-file", str(cert), "--private-key-file", str(key))
+    https = serve_args(store, "--disable-token-auth", *tls, inference="https://127.0.0.1:0")
+    result = run_ferry(*https, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"ferry serve: https://127.0.0.1:0: certificate_file {cert} has a 1024-bit RSA key; "
+        "OpenSSL's security level 2 needs RSA keys of at least 2048 bits (EC: 224): make a "
+        "2048-bit pair: openssl req -x509 -nodes -days 365 -newkey rsa:2048 -sha256 "
+        f"-subj /CN=localhost -keyout {key} -out {cert}"
+    )

@@ -19,7 +19,7 @@ import pytest
 from ferry.bench.load import run_closed_loop
 from tests.fixtures.responses import assert_error
 from tests.fixtures.server import RunningServer, ferry_server
-from tests.fixtures.workflows import PIPELINE_SPEC, pipeline_war, unchecked_war
+from tests.fixtures.workflows import PIPELINE_SPEC, pipeline_war, tensor_war, unchecked_war
 from tests.integration.test_management import _QuietHandler as QuietHandler
 from tests.integration.test_metrics import _value
 
@@ -44,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     pipeline_war(store, "unloadable", UNLOADABLE)
     # Full batches only (the window is far longer than any test): batching is certain.
     pipeline_war(store, "windowed", prefix="windowed-", **WINDOWED)
+    tensor_war(store)
     with ferry_server(store, [], tmp, "--enable-model-api") as running:
         yield running
 
@@ -69,6 +70,20 @@ def test_a_request_runs_through_every_node(server: RunningServer, pipeline: str)
     assert response.headers["content-type"] == "application/json"
     # pre_processing adds 1; the models multiply by 2 and 10; aggregate joins them.
     assert response.json() == {"double": [4.0, 6.0], "decuple": [20.0, 30.0]}
+
+
+def test_tensors_pass_between_nodes_as_torchserve_passes_them(server: RunningServer) -> None:
+    """TorchServe's densenet workflow pattern: a node answering a tensor sends it
+    ``torch.save``d, and the next node ``torch.load``s it (JSON broke this)."""
+    with server.management() as api:
+        assert api.post("/workflows", params={"url": "tensors.war"}).status_code == 200
+        try:
+            with server.client() as client:
+                response = client.post("/wfpredict/tensors", content=b"[1.5, 2.0]")
+            assert response.status_code == 200, response.text
+            assert response.json() == {"sum": 10.5, "values": [4.5, 6.0]}
+        finally:
+            assert api.delete("/workflows/tensors").status_code == 200
 
 
 def test_concurrent_requests_are_batched_in_each_node(server: RunningServer) -> None:

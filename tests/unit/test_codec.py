@@ -21,7 +21,12 @@ from ferry.wire.messages import (
 
 MESSAGES = [
     PredictBatch(
-        7, [RequestItem("r1", {"a": "b"}, [InputPart("body", "image/jpeg", b"\x00\xff")])]
+        7,
+        [
+            RequestItem("r1", {"a": "b"}, [InputPart("body", "image/jpeg", b"\x00\xff")]),
+            # The envelope its protocol is read with (KServe V1 here) travels with it.
+            RequestItem("r2", {}, [InputPart("body", "application/json", b"{}")], "kserve"),
+        ],
     ),
     BatchResult(
         7,
@@ -67,3 +72,5 @@ def test_garbage_and_unknown_kinds_are_refused() -> None:
         codec.decode(msgpack.packb([PROTOCOL_VERSION, 7, 1, "not-a-list"]))
     with pytest.raises(codec.ProtocolError, match="unknown message kind"):
         codec.decode(msgpack.packb([PROTOCOL_VERSION, [1], "a kind that is no number"]))
+    with pytest.raises(codec.ProtocolError, match="malformed"):  # an item without its envelope
+        codec.decode(msgpack.packb([PROTOCOL_VERSION, 1, 7, [["r1", {}, []]]]))

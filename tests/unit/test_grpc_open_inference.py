@@ -73,10 +73,30 @@ def test_raw_contents_decode_as_rests_binary_tensors() -> None:
     assert request.id is None and "id" not in request.handler_document()
 
 
+def test_a_bytes_input_shaped_minus_one_is_sized_by_its_contents() -> None:
+    """TorchServe's KServe gRPC sample (``mnist_v2_bytes_grpc.json``): one image in
+    ``bytes_contents``, shape [-1]; typed or raw, the handler gets the size."""
+    image = b"\x89PNG\r\n\x1a\n-not-really-a-png"
+    typed = _request(_typed("img", "BYTES", [-1], bytes_contents=[image]))
+    assert typed.handler_document()["inputs"] == [
+        {
+            "name": "img",
+            "shape": [1],
+            "datatype": "BYTES",
+            "data": [base64.b64encode(image).decode()],
+        }
+    ]
+    raw = struct.pack("<I", len(image)) + image + struct.pack("<I", 1) + b"x"
+    (tensor,) = _request(_typed("img", "BYTES", [-1]), raw=[raw]).inputs
+    assert tensor.shape == [2] and tensor.elements() == [base64.b64encode(image).decode(), "eA=="]
+
+
 @pytest.mark.parametrize(
     ("tensor", "message"),
     [
         (_typed("x", "FP32", [2, 2], fp32_contents=[1.0, 2.0]), "holds 4 elements, the data has 2"),
+        (_typed("x", "FP32", [-1], fp32_contents=[1.0]), "-1.*is for BYTES inputs only"),
+        (_typed("w", "BYTES", [3, -1], bytes_contents=[b"a"]), "element count, 1"),
         (_typed("x", "FP42", [1], fp32_contents=[1.0]), "datatype 'FP42' is not one of"),
         (_typed("x", "INT8", [1], int_contents=[300]), "300 is not a valid INT8 element"),
         (_typed("x", "FP32", [-1]), "'shape' must be a list of whole numbers"),

@@ -3,6 +3,8 @@ wrong gets its own words (gRPC would report every one as a failed bind)."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,12 +20,13 @@ def _openssl(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def pem(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``a.pem``/``a.key`` and ``b.pem``/``b.key`` (two self-signed pairs), ``locked.key``
-    (``a.key`` encrypted), ``garbled.pem`` and ``empty.pem``."""
+    """``a.pem``/``a.key`` and ``b.pem``/``b.key`` (two self-signed pairs), ``weak.pem``/
+    ``weak.key`` (1024-bit RSA, as TorchServe's test certificate), ``locked.key`` (``a.key``
+    encrypted), ``garbled.pem`` and ``empty.pem``."""
     folder = tmp_path_factory.mktemp("pem")
-    for name in ("a", "b"):
+    for name, bits in (("a", 2048), ("b", 2048), ("weak", 1024)):
         _openssl(
-            *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("req", "-x509", "-newkey", f"rsa:{bits}", "-nodes", "-days", "1"),
             *("-subj", "/CN=localhost", "-keyout", str(folder / f"{name}.key")),
             *("-out", str(folder / f"{name}.pem")),
         )
@@ -62,6 +65,32 @@ def test_a_file_that_is_not_what_it_should_be_is_named(
 ) -> None:
     with pytest.raises(ConfigError, match=words):
         server_credentials(pem / certificate, pem / key)
+
+
+def test_a_key_the_security_level_refuses_is_named_with_its_size_and_the_fix(pem: Path) -> None:
+    """OpenSSL's default security level (2) refuses RSA keys under 2048 bits; its own
+    words, "ee key too small", became "holds no PEM private key" before."""
+    with pytest.raises(ConfigError) as refused:
+        server_credentials(pem / "weak.pem", pem / "weak.key")
+    assert refused.value.message == (
+        f"gRPC TLS: certificate_file {pem / 'weak.pem'} has a 1024-bit RSA key; OpenSSL's "
+        "security level 2 needs RSA keys of at least 2048 bits (EC: 224): make a 2048-bit "
+        "pair: openssl req -x509 -nodes -days 365 -newkey rsa:2048 -sha256 -subj /CN=localhost "
+        f"-keyout {pem / 'weak.key'} -out {pem / 'weak.pem'}"
+    )
+    assert "\n" not in refused.value.message
+
+
+def test_the_command_a_refusal_suggests_makes_a_pair_that_passes(pem: Path, tmp_path: Path) -> None:
+    certificate, key = tmp_path / "my cert.pem", tmp_path / "my key.pem"  # quoted in the line
+    shutil.copy(pem / "weak.pem", certificate)
+    shutil.copy(pem / "weak.key", key)
+    with pytest.raises(ConfigError) as refused:
+        check_key_pair(certificate, key)
+    command = refused.value.message.split(": ")[-1]
+    assert command.startswith("openssl req ")
+    subprocess.run(shlex.split(command), check=True, capture_output=True)
+    check_key_pair(certificate, key)
 
 
 def test_an_unreadable_file_is_named(pem: Path) -> None:

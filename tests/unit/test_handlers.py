@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import sys
 from pathlib import Path
@@ -110,6 +111,15 @@ def test_output_encoding() -> None:
         "application/json",
     )
     assert encode_output([1], "application/x-custom")[1] == "application/x-custom"
+
+
+def test_a_tensor_answer_is_torch_saved_as_torchserve_sends_it() -> None:
+    """TorchServe's workflows pass tensors between nodes this way (its densenet example
+    ``torch.load``s its parent's answer); JSON broke them."""
+    body, content_type = encode_output(torch.arange(6.0).reshape(2, 3), None)
+    assert content_type == "application/octet-stream"
+    loaded = torch.load(io.BytesIO(body), weights_only=True)
+    assert torch.equal(loaded, torch.arange(6.0).reshape(2, 3))
 
 
 def _runner(entry: Any) -> BatchRunner:

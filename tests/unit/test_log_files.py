@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,17 +14,21 @@ import pytest
 import ferry.logs
 from ferry.logs import (
     PLAIN_FORMAT,
+    TS_METRICS_LOGGER,
     AccessLines,
+    SystemMetricsLines,
     access_lines,
     apply_log_config,
     configure_logging,
 )
+from ferry.metrics.gpu import GpuReading
 
 
 @pytest.fixture(autouse=True)
 def restored_root_logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    metrics_level = logging.getLogger(TS_METRICS_LOGGER).level
     monkeypatch.setattr(ferry.logs, "_access_lines", None)  # put back after the test
     factory = logging.getLogRecordFactory()  # configure_logging installs the escaping one
     yield
@@ -33,6 +38,7 @@ def restored_root_logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.getLogger(TS_METRICS_LOGGER).setLevel(metrics_level)
 
 
 def _read(folder: Path, name: str) -> str:
@@ -178,3 +184,55 @@ def test_access_lines_go_through_logging_for_json_and_a_users_config(tmp_path: P
     config.write_text(json.dumps({"version": 1, "root": {"level": "INFO"}}))
     apply_log_config(config)
     assert access_lines() is None  # the user's handlers and format decide
+
+
+TS_METRIC_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3} - "  # log4j2's %d{ISO8601} - %m
+    r"(\w+)\.(Percent|Megabytes|Gigabytes):(\d+\.\d+)\|#Level:Host(,DeviceId:\d+)?"
+    r"\|#hostname:box,timestamp:\d+$"
+)
+
+
+@pytest.mark.parametrize("log_format", ["plain", "json"])
+def test_system_metrics_land_in_ts_metrics_log_in_torchserves_layout(
+    tmp_path: Path, log_format: str
+) -> None:
+    """Whatever the log format and level: metric agents parse TorchServe's lines."""
+    configure_logging(log_format, "WARNING", tmp_path)
+    lines = SystemMetricsLines("box")
+    lines.log([])
+    lines.log([])
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    written = _read(tmp_path, "ts_metrics.log").splitlines()
+    names = [TS_METRIC_LINE.match(line) for line in written]
+    assert all(names), written
+    host = [
+        "CPUUtilization",
+        "DiskAvailable",
+        "DiskUsage",
+        "DiskUtilization",
+        "MemoryAvailable",
+        "MemoryUsed",
+        "MemoryUtilization",
+    ]
+    assert [m.group(1) for m in names if m] == host * 2
+    for match in names:
+        assert match is not None
+        if match.group(2) == "Percent":
+            assert 0.0 <= float(match.group(3)) <= 100.0
+    assert _read(tmp_path, "ts_log.log") == ""  # WARNING and up only, and no metric lines
+
+
+def test_gpu_metrics_come_first_per_device_as_torchserves_collector_reports_them() -> None:
+    gpus = [GpuReading(0, 3 * 2**30, 4 * 2**30, 40.0), GpuReading(1, 0, 4 * 2**30, 0.0)]
+    lines = SystemMetricsLines("box").lines(gpus, now=1767225600.9)
+    assert lines[:6] == [
+        "GPUMemoryUtilization.Percent:75.0|#Level:Host,DeviceId:0|#hostname:box,timestamp:1767225600",
+        "GPUMemoryUsed.Megabytes:3072.0|#Level:Host,DeviceId:0|#hostname:box,timestamp:1767225600",
+        "GPUUtilization.Percent:40.0|#Level:Host,DeviceId:0|#hostname:box,timestamp:1767225600",
+        "GPUMemoryUtilization.Percent:0.0|#Level:Host,DeviceId:1|#hostname:box,timestamp:1767225600",
+        "GPUMemoryUsed.Megabytes:0.0|#Level:Host,DeviceId:1|#hostname:box,timestamp:1767225600",
+        "GPUUtilization.Percent:0.0|#Level:Host,DeviceId:1|#hostname:box,timestamp:1767225600",
+    ]
+    assert lines[6].startswith("CPUUtilization.Percent:")

@@ -112,8 +112,8 @@ def test_the_worker_reads_the_sections_with_the_same_rules(tmp_path: Path) -> No
     [
         (
             {"image_classifier": {"tpok": 3}},
-            "image_classifier: unknown key 'tpok'; expected one of crop, gpu_decode, mean, "
-            "resize, std, topk",
+            "image_classifier: unknown key 'tpok'; expected one of crop, draft_decode, "
+            "gpu_decode, mean, resize, std, topk",
         ),
         ({"object_detector": {"score": 0.3}}, "object_detector: unknown key 'score'"),
         ({"image_embedder": {"normalise": False}}, "image_embedder: unknown key 'normalise'"),

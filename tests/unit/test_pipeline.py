@@ -67,6 +67,28 @@ def test_an_error_fails_only_its_micro_batch() -> None:
     pipeline.close()
 
 
+class PreparesNothing(Recorder):
+    """TorchServe's dog-breed workflow pattern: ``preprocess`` may return None, and
+    ``inference`` and ``postprocess`` still answer each request."""
+
+    def preprocess(self, rows: list[dict[str, Any]]) -> Any:
+        self.rows = len(rows)
+        return None
+
+    def inference(self, batch: Any) -> Any:
+        assert batch is None
+        return ["nothing"] * self.rows
+
+    def postprocess(self, output: Any) -> list[Any]:
+        return list(output)
+
+
+def test_a_none_batch_still_goes_through_inference_and_postprocess() -> None:
+    pipeline = StagePipeline(PreparesNothing(), PipelineSettings(2, 1, 1))
+    assert pipeline.handle([{"body": i} for i in range(3)], batch_context(3)) == ["nothing"] * 3
+    pipeline.close()
+
+
 def test_image_classifier_keeps_per_request_decode_errors_in_the_pipeline(tmp_path: Any) -> None:
     handler = ImageClassifier()
     context = Context(

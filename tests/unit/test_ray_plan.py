@@ -119,6 +119,8 @@ def test_scaling_sets_replicas_or_autoscaling_bounds() -> None:
         ("/v2/models/resnet/infer", ("resnet", None)),
         ("/v2/models/resnet/versions/3/infer", ("resnet", "3")),
         ("/v2/models/resnet/ready", ("resnet", None)),
+        ("/v2/models/resnet/explain", ("resnet", None)),
+        ("/v2/models/resnet/versions/3/explain", ("resnet", "3")),
         ("/v2/models/resnet", ("resnet", None)),
         ("/ping", None),
         ("/v2/health/ready", None),

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ferry.cli.main import build_parser
+from ferry.cli.serve import config_file_from_args
 from ferry.config.settings import ServerSettings
 from ferry.config.sources import load_settings, read_properties
 from ferry.errors import ConfigError
@@ -57,6 +59,21 @@ def test_only_the_newest_snapshots_are_kept(tmp_path: Path) -> None:
     folder = tmp_path / "config"
     written = [write_snapshot(folder, _state(tmp_path)) for _ in range(KEEP + 3)]
     assert sorted(folder.iterdir()) == written[-KEEP:]
+
+
+def test_a_shutdown_snapshot_is_the_latest_and_counts_in_the_rotation(tmp_path: Path) -> None:
+    """TorchServe's three kinds: ``-startup.cfg``, ``-snapshot.cfg``, ``-shutdown.cfg``;
+    the newest of any kind is the one restored."""
+    folder = tmp_path / "config"
+    kinds = ["startup", *["snapshot"] * (KEEP - 1), "shutdown"]
+    written = [write_snapshot(folder, _state(tmp_path, _version()), kind) for kind in kinds]
+    assert written[-1].name.endswith("-shutdown.cfg")
+    assert latest_snapshot(folder) == written[-1]
+    assert sorted(folder.iterdir()) == written[-KEEP:]  # the startup one rotated out
+    restored = restore_snapshot(ServerSettings(log_location=tmp_path))
+    assert restored.models == ("digest=digest-1.0.mar",)
+    with pytest.raises(ValueError, match="snapshot kind 'stopped'"):
+        write_snapshot(folder, _state(tmp_path), "stopped")
 
 
 def test_snapshot_is_a_config_properties_with_torchserve_models_json(tmp_path: Path) -> None:
@@ -116,6 +133,30 @@ def test_restore_does_nothing_when_told_or_without_a_log_folder(
     write_snapshot(logs / "config", _state(tmp_path, _version()))
     settings = ServerSettings(**{"log_location": logs, **changes})  # type: ignore[arg-type]
     assert restore_snapshot(settings) == settings
+
+
+def test_a_config_file_means_no_snapshot_is_restored(tmp_path: Path) -> None:
+    """TorchServe's rule: only a start with neither ``TS_CONFIG_FILE`` nor ``--ts-config``
+    restores the latest snapshot."""
+    logs = tmp_path / "logs"
+    write_snapshot(logs / "config", _state(tmp_path, _version()))
+    settings = ServerSettings(log_location=logs)
+    assert restore_snapshot(settings, tmp_path / "config.properties") == settings
+    assert restore_snapshot(settings, None).models == ("digest=digest-1.0.mar",)
+
+
+def test_the_config_file_is_the_flags_else_ts_config_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = build_parser()
+    monkeypatch.delenv("TS_CONFIG_FILE", raising=False)
+    assert config_file_from_args(parser.parse_args(["serve"])) is None
+    monkeypatch.setenv("TS_CONFIG_FILE", "")  # set but empty: as if unset
+    assert config_file_from_args(parser.parse_args(["serve"])) is None
+    monkeypatch.setenv("TS_CONFIG_FILE", str(tmp_path / "env.properties"))
+    assert config_file_from_args(parser.parse_args(["serve"])) == tmp_path / "env.properties"
+    flagged = parser.parse_args(["serve", "--ts-config", str(tmp_path / "flag.properties")])
+    assert config_file_from_args(flagged) == tmp_path / "flag.properties"
 
 
 def test_an_empty_snapshot_restores_nothing(tmp_path: Path) -> None:

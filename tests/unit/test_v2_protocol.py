@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from ferry.errors import InvalidInput
+from ferry.errors import InvalidInput, RequestTooLarge
 from ferry.protocols import v2
 
 
@@ -41,6 +41,69 @@ def test_nested_data_is_flattened_and_checked_against_the_shape() -> None:
 def test_invalid_tensors_name_the_problem(tensor: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         _request(tensor)
+
+
+def test_a_bytes_input_shaped_minus_one_takes_its_size_from_the_data() -> None:
+    """TorchServe's KServe sample (``mnist_v2_bytes.json``): one base64 image in a BYTES
+    input of shape [-1]; the handler gets the size the data gives."""
+    image = "aGVsbG8gaW1hZ2U="
+    request = _request({"name": "img-7", "shape": [-1], "datatype": "BYTES", "data": [image]})
+    assert request.handler_document() == {
+        "inputs": [{"name": "img-7", "shape": [1], "datatype": "BYTES", "data": [image]}]
+    }
+    pair = _request({"name": "w", "shape": [2, -1], "datatype": "BYTES", "data": list("abcdef")})
+    assert pair.inputs[0].shape == [2, 3]
+    empty = _request({"name": "w", "shape": [-1], "datatype": "BYTES", "data": []})
+    assert empty.inputs[0].shape == [0]
+
+
+def test_a_binary_bytes_input_shaped_minus_one_is_sized_by_its_elements() -> None:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "w",
+                    "shape": [-1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": 13},
+                }
+            ]
+        }
+    ).encode()
+    blob = struct.pack("<I", 2) + b"hi" + struct.pack("<I", 3) + b"abc"
+    (tensor,) = v2.parse_request(header + blob, str(len(header))).inputs
+    assert tensor.shape == [2] and tensor.elements() == ["aGk=", "YWJj"]
+
+
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        ({"name": "w", "shape": [-1, -1], "datatype": "BYTES", "data": ["a"]}, "one -1, not 2"),
+        (
+            {"name": "w", "shape": [2, -1], "datatype": "BYTES", "data": ["a"]},
+            "fits the data's element count, 1",
+        ),
+        (
+            {"name": "w", "shape": [0, -1], "datatype": "BYTES", "data": []},
+            "fits the data's element count, 0",
+        ),
+        ({"name": "w", "shape": [-2], "datatype": "BYTES", "data": ["a"]}, "whole numbers"),
+        ({"name": "x", "shape": [-1], "datatype": "INT64", "data": [1]}, "BYTES inputs only"),
+    ],
+)
+def test_minus_one_is_for_one_dimension_of_a_bytes_input(
+    tensor: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        _request(tensor)
+
+
+def test_a_bytes_input_sized_by_its_data_still_counts_towards_the_element_limit() -> None:
+    document = {"inputs": [{"name": "w", "shape": [-1], "datatype": "BYTES", "data": ["a"] * 5}]}
+    body = json.dumps(document).encode()
+    assert v2.parse_request(body, None, max_elements=5).inputs[0].shape == [5]
+    with pytest.raises(RequestTooLarge, match="more than 4 elements"):
+        v2.parse_request(body, None, max_elements=4)
 
 
 def test_binary_tensors_follow_the_json_header() -> None:

@@ -14,7 +14,7 @@ from ferry.bench import profile as profiling
 from ferry.store.archive import open_model
 from ferry.worker.loading import SHIM_ROOT, load_handler, prepare_imports
 from ferry.worker.pipeline import StagePipeline
-from tests.fixtures.models import ts_style_archive
+from tests.fixtures.models import digest_archive, ts_style_archive
 
 
 @pytest.fixture
@@ -70,3 +70,35 @@ def test_bench_profile_loads_a_ts_style_handler(tmp_path: Path, clean_imports: N
     points = profiling.profile_batch(loaded, [b"[1, 2, 3]"], 2, "fp32", 0.01)
     assert [p.variant for p in points] == ["handler", "model"]
     assert loaded.entry([{"body": b"[1, 2]"}], loaded.context) == [[2.0, 4.0]]
+
+
+@pytest.mark.parametrize(("handler", "envelope"), [("ts", ""), ("ts", "kserve"), ("function", "")])
+def test_per_request_envelopes_only_for_torchserves_handlers_without_service_envelope(
+    tmp_path: Path, clean_imports: None, handler: str, envelope: str
+) -> None:
+    """A TorchServe-style handler reads each request through its protocol's envelope
+    unless ``service_envelope`` wraps every request; a function handler never does."""
+    store = tmp_path / "store"
+    name = ts_style_archive(store) if handler == "ts" else digest_archive(store, "digest")
+    archive = open_model(store, name, tmp_path)
+    ready = load_handler(
+        str(archive.model_dir),
+        archive.manifest.handler,
+        archive.manifest.document,
+        archive.config.raw,
+        batch_size=4,
+        gpu_id=None,
+        name="m",
+        envelope=envelope,
+    )
+    try:
+        if handler == "function" or envelope:
+            assert ready.request_envelopes is None
+            return
+        envelopes = ready.request_envelopes
+        assert envelopes is not None and envelopes("") is ready.entry
+        ready.context.start_batch(["a"], [{}])
+        rows = [{"body": {"instances": [{"data": [1, 2]}]}}]
+        assert envelopes("kserve")(rows, ready.context) == [{"predictions": [[2.0, 4.0]]}]
+    finally:
+        ready.close()

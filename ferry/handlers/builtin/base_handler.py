@@ -4,7 +4,12 @@ After ``initialize`` a handler has TorchServe's attributes: ``context``, ``manif
 ``model_dir``, ``model_yaml_config``, ``device``, ``map_location`` (``"cuda"`` or
 ``"cpu"``), ``model_pt_path`` (the serialized file, or None), ``model``, ``mapping``
 (``index_to_name.json``) and ``initialized``; and its helpers ``_load_pickled_model``,
-``_load_torchscript_model``, ``describe_handle``, ``explain_handle`` and ``_is_explain``.
+``_load_torchscript_model`` (which ``initialize`` calls, so a subclass may replace them),
+``get_device``, ``describe_handle``, ``explain_handle`` and ``_is_explain``.
+
+TorchServe's handlers often skip ``super().__init__()`` (its micro-batching example does),
+or ``super().initialize()``, or both. So every attribute the built-in handlers read has a
+class-level default, and ``initialize`` sets the rest itself.
 """
 
 from __future__ import annotations
@@ -15,8 +20,14 @@ from typing import Any
 
 import torch
 
+from ferry.errors import ArchiveError
 from ferry.handlers.builtin.device import DevicePath, HostPath, Transform, device_path_for
-from ferry.handlers.builtin.model_loading import load_label_mapping, load_model, select_device
+from ferry.handlers.builtin.model_loading import (
+    load_eager_model,
+    load_label_mapping,
+    load_model,
+    select_device,
+)
 from ferry.handlers.builtin.optimize import (
     Optimizations,
     finish_output,
@@ -32,27 +43,46 @@ from ferry.handlers.contract.exceptions import PredictionException
 class BaseHandler:
     """Subclass it and override the stages you need; ``handle`` runs them in order."""
 
+    # What ``__init__`` sets, readable where a subclass's ``__init__`` skipped it.
+    model: Any = None
+    mapping: dict[str, str] | None = None
+    device: torch.device | None = None
+    initialized = False
+    context: Context | None = None
+    manifest: dict[str, Any] | None = None
+    map_location: str | None = None
+    model_pt_path: str | None = None
+    model_dir: str | None = None
+    explain = False
+    target = 0
+    optimizations = Optimizations()
+    _device_path: DevicePath | None = None
+
     def __init__(self) -> None:
-        self.model: Any = None
-        self.mapping: dict[str, str] | None = None
-        self.device: torch.device | None = None
+        self.model = None
+        self.mapping = None
+        self.device = None
         self.initialized = False
-        self.context: Context | None = None
-        self.manifest: dict[str, Any] | None = None
-        self.map_location: str | None = None
-        self.model_pt_path: str | None = None
-        self.model_dir: str | None = None
+        self.context = None
+        self.manifest = None
+        self.map_location = None
+        self.model_pt_path = None
+        self.model_dir = None
         self.model_yaml_config: dict[str, Any] = {}
         self.explain = False
         self.target = 0
+        self.profiler_args: dict[str, Any] = {}
         self.optimizations = Optimizations()
-        self._device_path: DevicePath = HostPath()
+        self._device_path = HostPath()
 
     def initialize(self, context: Context) -> None:
         """Pick the device, load the model from the manifest and ``index_to_name.json``.
 
         Sets every attribute itself, so a subclass whose ``__init__`` skips
-        ``super().__init__()`` (as TorchServe's examples sometimes do) still works."""
+        ``super().__init__()`` (as TorchServe's examples sometimes do) still works. An eager
+        model is loaded through ``self._load_pickled_model``, a TorchScript one through
+        ``self._load_torchscript_model``, as TorchServe does, so overrides of those apply
+        (and may change ``self.device``, which the model then moves to)."""
         self.context = context
         self.explain, self.target = False, 0
         properties = context.system_properties
@@ -60,7 +90,6 @@ class BaseHandler:
         self.model_yaml_config = context.model_yaml_config
         self.model_pt_path = None
         self.device = select_device(properties.get("gpu_id"))
-        self._device_path = device_path_for(self.device)
         self.map_location = self.device.type
         self.manifest = context.manifest
         model_dir = Path(properties["model_dir"])
@@ -68,50 +97,76 @@ class BaseHandler:
         serialized = model_section.get("serializedFile")
         if serialized:
             self.model_pt_path = str(model_dir / serialized)
-        self.model = load_model(model_dir, serialized, model_section.get("modelFile"), self.device)
+        self.model = self._load_model(model_dir, serialized, model_section.get("modelFile"))
+        device = self._device()  # an override may have moved the handler
+        self._device_path = device_path_for(device)
         self.optimizations = Optimizations.from_model_config(context.model_yaml_config)
         if self.model is not None:
-            self.model = optimize_model(self.model, self.optimizations, self.device)
-            self.model = graph_model(self.model, self.optimizations, self.device)
-            warm_up(self.model, self.optimizations, self.device)
+            self.model = optimize_model(self.model, self.optimizations, device)
+            self.model = graph_model(self.model, self.optimizations, device)
+            warm_up(self.model, self.optimizations, device)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
+
+    def _load_model(self, model_dir: Path, serialized: str | None, model_file: str | None) -> Any:
+        """The manifest's model, in eval mode on the handler's device: TorchServe's order of
+        the loading helpers; ONNX and torch.export files are Ferry's own."""
+        if serialized and Path(serialized).suffix in (".onnx", ".pt2"):
+            return load_model(model_dir, serialized, None, self._device())
+        if model_file:
+            model = self._load_pickled_model(str(model_dir), model_file, self.model_pt_path)
+            return _on_device_for_inference(model, self._device())
+        if serialized:
+            model = self._load_torchscript_model(str(model_dir / serialized))
+            return _on_device_for_inference(model, None)
+        return None
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy for a preprocess process: no model, no per-batch context, on the CPU."""
         state = dict(self.__dict__)
         state.update(model=None, context=None, device=torch.device("cpu"), _device_path=HostPath())
+        state.pop("handle", None)  # a ``MicroBatching`` entry point stays in the worker
         return state
 
     # TorchServe handlers often call these two directly from their own initialize().
     def _load_torchscript_model(self, model_pt_path: str) -> Any:
         """The TorchScript file, in eval mode on ``self.device``."""
-        return load_model(
-            Path(model_pt_path).parent, Path(model_pt_path).name, None, self._device()
-        )
+        path = Path(model_pt_path)
+        if not path.is_file():
+            raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
+        return load_model(path.parent, path.name, None, self._device())
 
-    def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str) -> Any:
+    def _load_pickled_model(
+        self, model_dir: str, model_file: str, model_pt_path: str | None
+    ) -> Any:
         """An eager model: the one ``nn.Module`` class of ``model_file`` (in ``model_dir``),
-        instantiated, its state dict loaded from ``model_pt_path``, in eval mode on
-        ``self.device``."""
-        weights = Path(model_pt_path)
-        if weights.parent != Path(model_dir):
-            raise ValueError("the weights must be in the model folder")
-        return load_model(Path(model_dir), weights.name, model_file, self._device())
+        instantiated, its state dict loaded from ``model_pt_path`` when there is one, in
+        eval mode on ``self.device``."""
+        weights = Path(model_pt_path) if model_pt_path else None
+        model = load_eager_model(Path(model_dir) / model_file, weights, self._device())
+        return _on_device_for_inference(model, self._device())
+
+    def get_device(self) -> torch.device | None:
+        """``self.device``, as TorchServe's ``BaseHandler.get_device``."""
+        return self.device
 
     def _device(self) -> torch.device:
+        """``self.device`` as a ``torch.device`` (a handler may set it to a string such as
+        ``"cpu"``); the CPU while there is none."""
         device = getattr(self, "device", None)
-        return device if device is not None else torch.device("cpu")
+        if device is None:
+            return torch.device("cpu")
+        return device if isinstance(device, torch.device) else torch.device(device)
 
     @property
     def device_path(self) -> DevicePath:
         """Uploads and inference stream for ``self.device`` (which TorchServe handlers may
         set in their own ``initialize``)."""
-        if getattr(self, "_device_path", None) is None:
-            self._device_path = HostPath()
-        if self._device_path.device != self._device():
-            self._device_path = device_path_for(self._device())
-        return self._device_path
+        device = self._device()
+        path = getattr(self, "_device_path", None)
+        if path is None or path.device != device:
+            path = self._device_path = device_path_for(device)
+        return path
 
     def to_device(self, batch: torch.Tensor, then: Transform | None = None) -> torch.Tensor:
         """A preprocessed batch on the model's device (pinned, non-blocking on a GPU), with
@@ -190,6 +245,17 @@ class BaseHandler:
         target = (row.get("target") if isinstance(row, dict) else None) or 0
         self.target = target
         return get_insights(data_preprocess, inputs, target)
+
+
+def _on_device_for_inference(model: Any, device: torch.device | None) -> Any:
+    """``model`` moved to ``device`` (if given) and in eval mode, where it can be: a loader
+    override may return any object."""
+    if device is not None and callable(getattr(model, "to", None)):
+        moved = model.to(device)
+        model = moved if moved is not None else model
+    if callable(getattr(model, "eval", None)) and not isinstance(model, torch.fx.GraphModule):
+        model.eval()
+    return model
 
 
 def timed_stage(context: Context, stage: str, function: Any, argument: Any) -> Any:

@@ -39,27 +39,40 @@ class VisionHandler(BaseHandler):
     replace it, as a class attribute or in ``initialize``: each image is then opened as
     stored (no mode forced), checked against the image limits, given to
     ``image_processing``, and the results are stacked. While it is the default, Ferry
-    decodes its own way: JPEG draft mode, uint8 upload normalised on the device, optional
-    GPU decoding.
+    decodes its own way, to the same input: uint8 upload normalised on the device, optional
+    GPU decoding, and JPEG draft mode if ``draft_decode`` asks for it (then not the same).
     """
 
     image_processing: Callable[[Image.Image], torch.Tensor] = DefaultImageProcessing()
     config_section = "image_classifier"
     """The model-config.yaml section holding resize / crop / mean / std."""
 
+    # Defaults for a subclass whose ``__init__`` skips ``super().__init__()``.
+    transform = ImageTransform()
+    jpeg_decoder: JpegDecoder | None = None
+    _builtin_processing = DefaultImageProcessing()
+    _insights: IntegratedGradients | None = None
+    _local_lock = threading.Lock()
+
     def __init__(self) -> None:
         super().__init__()
         self.transform = ImageTransform()
-        self.jpeg_decoder: JpegDecoder | None = None
+        self.jpeg_decoder = None
         self._builtin_processing = DefaultImageProcessing()
         self._local = threading.local()  # preprocess may run in several pipeline threads
-        self._insights: IntegratedGradients | None = None
+        self._insights = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
+        self._thread_state()
         section = handler_section(context.model_yaml_config, self.config_section)
         self.transform = ImageTransform(
-            section.resize, section.crop, section.mean, section.std, context.image_limits
+            section.resize,
+            section.crop,
+            section.mean,
+            section.std,
+            context.image_limits,
+            draft=section.draft_decode,
         )
         if self._uses_builtin_processing():
             self._builtin_processing = DefaultImageProcessing(
@@ -83,10 +96,25 @@ class VisionHandler(BaseHandler):
         self.__dict__.update(state)
         self._local = threading.local()
 
+    def _thread_state(self) -> threading.local:
+        """Per-thread state of ``preprocess`` (made here when ``__init__`` did not)."""
+        state: threading.local | None = self.__dict__.get("_local")
+        if state is None:
+            with VisionHandler._local_lock:
+                state = self.__dict__.get("_local")
+                if state is None:
+                    state = self._local = threading.local()
+        return state
+
+    def forget_failures(self) -> None:
+        """Before a batch whose ``preprocess`` may not be this one (a subclass's): no
+        failures left from the batch before, in this thread."""
+        self._thread_state().failures = {}
+
     @property
     def failures(self) -> dict[int, Exception]:
         """Requests of the last ``preprocess`` call (in this thread) that could not be decoded."""
-        failures: dict[int, Exception] = getattr(self._local, "failures", {})
+        failures: dict[int, Exception] = getattr(self._thread_state(), "failures", {})
         return failures
 
     def _decode_builtin(self, row: dict[str, Any]) -> torch.Tensor:
@@ -104,7 +132,7 @@ class VisionHandler(BaseHandler):
     def preprocess(self, data: list[dict[str, Any]]) -> Any:
         """Stack the decodable images; remember which requests failed and why."""
         failures: dict[int, Exception] = {}
-        self._local.failures = failures
+        self._thread_state().failures = failures
         # A row holding a JSON list is the tensor itself (TorchServe's rule, which KServe's
         # V2 requests rely on): such a batch goes through ``image_processing`` whole.
         has_tensors = any(isinstance(row.get("data") or row.get("body"), list) for row in data)
@@ -172,22 +200,39 @@ class VisionHandler(BaseHandler):
         return self._insights.attribute(tensor_data, int(target))
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
+        """BaseHandler's flow, where an image that cannot be decoded fails alone: its
+        request gets the error, the others their answers."""
         self.context = context
         if self._is_describe():
             return [self.describe_handle()]
+        self.forget_failures()
         if self._is_explain():
             explained: list[Any] = self.explain_handle(self.preprocess(data), data)
             return explained
         start = time.perf_counter()
         batch = timed_stage(context, "preprocess", self.preprocess, data)
-        answers: Any = iter([])
-        if batch is not None:
-            output = timed_stage(context, "inference", self.inference, batch)
-            answers = iter(timed_stage(context, "postprocess", self.postprocess, output))
         failures = self.failures
-        results = [failures.get(i) or next(answers) for i in range(len(data))]
+        answers: list[Any] = []
+        # No image decoded: nothing to infer. Otherwise, as in TorchServe, inference and
+        # postprocess run even on a None batch (a subclass's preprocess may return one).
+        if batch is not None or not failures:
+            output = timed_stage(context, "inference", self.inference, batch)
+            answers = list(timed_stage(context, "postprocess", self.postprocess, output))
+        results = _with_failures(answers, failures, len(data))
         context.metrics.add_time("HandlerTime", (time.perf_counter() - start) * 1000, None, "ms")
         return results
+
+
+def _with_failures(answers: list[Any], failures: dict[int, Exception], size: int) -> list[Any]:
+    """One result per request: its decoding failure, or the next answer in order. Should the
+    counts not add up (a subclass's preprocess decoding other rows than its batch's), the
+    first failure fails the whole batch, as it would in TorchServe."""
+    if not failures:
+        return answers
+    if len(answers) + len(failures) != size:
+        raise failures[min(failures)]
+    remaining = iter(answers)
+    return [failures[i] if i in failures else next(remaining) for i in range(size)]
 
 
 class ImageClassifier(VisionHandler):
@@ -200,6 +245,9 @@ class ImageClassifier(VisionHandler):
 
     def set_max_result_classes(self, topk: int) -> None:
         self.topk = topk
+
+    def get_max_result_classes(self) -> int:
+        return self.topk
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
         probabilities = torch.softmax(data.float(), dim=1)

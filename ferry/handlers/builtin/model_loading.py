@@ -18,7 +18,13 @@ def select_device(gpu_id: int | None) -> torch.device:
     return torch.device("cpu")
 
 
-def _load_eager(model_file: Path, weights: Path | None, device: torch.device) -> torch.nn.Module:
+def load_eager_model(
+    model_file: Path, weights: Path | None, device: torch.device
+) -> torch.nn.Module:
+    """The one ``nn.Module`` class of ``model_file``, instantiated, with the state dict of
+    ``weights`` (if any) loaded on ``device`` (TorchServe's ``_load_pickled_model``)."""
+    if not model_file.is_file():
+        raise ArchiveError(f"model file {model_file.name!r} not found in the model folder")
     classes = classes_defined_in(import_file(model_file), torch.nn.Module)
     if len(classes) != 1:
         names = [cls.__name__ for cls in classes]
@@ -47,7 +53,7 @@ def load_model(
     if weights is not None and weights.suffix == ".pt2":
         model = torch.export.load(str(weights)).module()
     elif model_file:
-        model = _load_eager(model_dir / model_file, weights, device)
+        model = load_eager_model(model_dir / model_file, weights, device)
     elif weights is not None:
         model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
     else:
@@ -59,13 +65,22 @@ def load_model(
 
 
 def load_label_mapping(path: str | Path) -> dict[str, str] | None:
-    """``index_to_name.json``: class index (as a string) to label."""
+    """``index_to_name.json``: class index (as a string) to label. A label may be a list
+    (its last item is the label), and the older ``{"object_type_names": [...]}`` form lists
+    the labels in index order; None when the file is absent."""
     path = Path(path)
     if not path.is_file():
         return None
     mapping = json.loads(path.read_text())
     if not isinstance(mapping, dict):
         raise ArchiveError(f"{path.name} must map class indices to labels")
-    return {
-        str(key): value if isinstance(value, str) else value[-1] for key, value in mapping.items()
-    }
+    names = mapping.get("object_type_names")
+    if isinstance(names, list):
+        mapping = dict(enumerate(names))
+    labels = {}
+    for key, value in mapping.items():
+        label = value[-1] if isinstance(value, list) and value else value
+        if not isinstance(label, str):
+            raise ArchiveError(f"{path.name}: the label of {key!r} must be a string or a list")
+        labels[str(key)] = label
+    return labels

@@ -27,9 +27,11 @@ VOCAB_FILE = "source_vocab.pt"
 
 
 class TextClassifier(BaseHandler):
+    vocab: dict[str, int] | None = None
+
     def __init__(self) -> None:
         super().__init__()
-        self.vocab: dict[str, int] | None = None
+        self.vocab = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
@@ -37,7 +39,7 @@ class TextClassifier(BaseHandler):
 
     def preprocess(self, data: list[dict[str, Any]]) -> Any:
         texts = [_text_of(row) for row in data]
-        vocab = getattr(self, "vocab", None)
+        vocab = self.vocab
         if vocab is None:
             return texts
         unknown = vocab.get("<unk>", 0)

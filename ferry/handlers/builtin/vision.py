@@ -66,6 +66,9 @@ class ImageTransform:
     mean: Sequence[float] = IMAGENET_MEAN
     std: Sequence[float] = IMAGENET_STD
     limits: ImageLimits = field(default_factory=ImageLimits)
+    draft: bool = False
+    """JPEG draft mode (``draft_decode``): decode at the smallest scale that still covers
+    the resize, instead of the whole image TorchServe decodes."""
 
     def _open(self, encoded: bytes) -> Image.Image:
         """The image with only its header read, if ``limits`` allow decoding it."""
@@ -90,24 +93,23 @@ class ImageTransform:
             return image
 
     def decode(self, encoded: bytes) -> Image.Image:
-        """Decode to RGB at the resolution the transform needs (JPEG draft mode skips the rest)."""
+        """Decode to RGB: the whole image, or with ``draft`` a large JPEG at the smallest
+        scale that still covers the resize."""
         with _as_invalid_input():
             image = self._open(encoded)
             width, height = image.size
             scale = self.resize / min(width, height)
-            if image.format == "JPEG" and scale < 1:
+            if self.draft and image.format == "JPEG" and scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
             return image.convert("RGB")
 
     def to_uint8(self, image: Image.Image) -> torch.Tensor:
-        """Resize and crop one image; returns a CHW uint8 tensor."""
-        width, height = image.size
-        scale = self.resize / min(width, height)
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
-        if size != image.size:
-            image = image.resize(size, Image.Resampling.BILINEAR)
-        left = (size[0] - self.crop) // 2
-        top = (size[1] - self.crop) // 2
+        """Resize and crop one image as torchvision does (``resized_size``,
+        ``crop_origin``); returns a CHW uint8 tensor."""
+        width, height = resized_size(image.size, self.resize)
+        if (width, height) != image.size:
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
+        left, top = crop_origin((width, height), self.crop)
         image = image.crop((left, top, left + self.crop, top + self.crop))
         return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
 
@@ -118,15 +120,13 @@ class ImageTransform:
         level or two.
         """
         _, height, width = image.shape
-        scale = self.resize / min(width, height)
-        size = (max(1, round(height * scale)), max(1, round(width * scale)))
-        if size != (height, width):
+        new_width, new_height = resized_size((width, height), self.resize)
+        if (new_width, new_height) != (width, height):
             resized = torch.nn.functional.interpolate(
-                image[None].float(), size=size, mode="bilinear", antialias=True
+                image[None].float(), size=(new_height, new_width), mode="bilinear", antialias=True
             )[0]
             image = resized.round_().clamp_(0, 255).to(torch.uint8)
-        top = (size[0] - self.crop) // 2
-        left = (size[1] - self.crop) // 2
+        left, top = crop_origin((new_width, new_height), self.crop)
         return image[:, top : top + self.crop, left : left + self.crop]
 
     def normalise(self, batch: torch.Tensor) -> torch.Tensor:
@@ -135,6 +135,30 @@ class ImageTransform:
         mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1) * 255
         std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1) * 255
         return (batch.float() - mean) / std
+
+
+def resized_size(size: tuple[int, int], shorter: int) -> tuple[int, int]:
+    """torchvision's ``Resize(shorter)``: the shorter side becomes ``shorter``, the longer
+    one keeps the aspect ratio, truncated.
+
+    >>> resized_size((1000, 667), 256), resized_size((720, 720), 256)
+    ((383, 256), (256, 256))
+    """
+    width, height = size
+    short, long = min(width, height), max(width, height)
+    new_long = int(shorter * long / short)
+    return (shorter, new_long) if width <= height else (new_long, shorter)
+
+
+def crop_origin(size: tuple[int, int], crop: int) -> tuple[int, int]:
+    """torchvision's ``CenterCrop(crop)``: the crop's left and top, half the margin
+    rounded (half to even, as Python rounds).
+
+    >>> crop_origin((383, 256), 224), crop_origin((333, 256), 224)
+    ((80, 16), (54, 16))
+    """
+    width, height = size
+    return round((width - crop) / 2.0), round((height - crop) / 2.0)
 
 
 def image_to_tensor(image: Image.Image) -> torch.Tensor:
@@ -180,14 +204,10 @@ class DefaultImageProcessing:
     std: tuple[float, ...] = IMAGENET_STD
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        width, height = image.size
-        short, long = min(width, height), max(width, height)
-        new_long = int(self.resize * long / short)  # torchvision truncates the long side
-        size = (self.resize, new_long) if width <= height else (new_long, self.resize)
+        size = resized_size(image.size, self.resize)
         if size != image.size:
             image = image.resize(size, Image.Resampling.BILINEAR)
-        left = round((size[0] - self.crop) / 2.0)
-        top = round((size[1] - self.crop) / 2.0)
+        left, top = crop_origin(size, self.crop)
         image = image.crop((left, top, left + self.crop, top + self.crop))
         tensor = image_to_tensor(image).float()
         mean = torch.tensor(self.mean).view(-1, 1, 1)

@@ -30,6 +30,7 @@ BUILTIN_HANDLERS = {
     "image_segmenter": "ferry.handlers.builtin.vision_tasks",
     "object_detector": "ferry.handlers.builtin.vision_tasks",
     "image_embedder": "ferry.handlers.builtin.vision_tasks",
+    "text_classifier": "ferry.handlers.builtin.text_classifier",
 }
 _BUILTIN_CLASSES = {
     "base_handler": "BaseHandler",
@@ -38,6 +39,7 @@ _BUILTIN_CLASSES = {
     "image_segmenter": "ImageSegmenter",
     "object_detector": "ObjectDetector",
     "image_embedder": "ImageEmbedder",
+    "text_classifier": "TextClassifier",
 }
 
 

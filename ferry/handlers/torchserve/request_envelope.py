@@ -1,7 +1,10 @@
 """TorchServe's request envelopes (``ts.torch_handler.request_envelope``): wrappers that
 turn a protocol's request into the handler's rows and its answers back, chosen for every
 model by ``service_envelope`` (``TS_SERVICE_ENVELOPE``; KServe sets ``kserve`` or
-``kservev2``), so handlers written for TorchServe on KServe run unchanged.
+``kservev2``), so handlers written for TorchServe on KServe run unchanged. Without it,
+TorchServe's handlers read each request through its own protocol's envelope
+(``PerRequestEnvelopes``): KServe V1's through ``kserve``, the Open Inference Protocol's
+through ``kservev2``, TorchServe's APIs' through none.
 
 TorchServe's envelopes read only the first request of a batch (a batch of several fails);
 Ferry's take every request's rows, run them through the handler together, and give each
@@ -260,3 +263,25 @@ def wrap(entry: EntryPoint, envelope: str) -> EntryPoint:
         return entry
     wrapped: EntryPoint = ENVELOPES[envelope](entry).handle
     return wrapped
+
+
+class PerRequestEnvelopes:
+    """``entry`` inside the envelope each request names (``RequestItem.envelope``, set by
+    the protocol it came by), where no ``service_envelope`` wraps every request: one
+    wrapped entry per envelope, made on first use and kept (an envelope keeps a batch's
+    state between its ``parse_input`` and ``format_output``, so each has its own). ""
+    is ``entry`` itself."""
+
+    def __init__(self, entry: EntryPoint) -> None:
+        self._entry = entry
+        self._wrapped: dict[str, EntryPoint] = {"": entry}
+
+    def __call__(self, envelope: str) -> EntryPoint:
+        """The entry point for ``envelope``'s requests (``ValueError`` for no envelope of
+        that name)."""
+        wrapped = self._wrapped.get(envelope)
+        if wrapped is None:
+            if envelope not in ENVELOPES:
+                raise ValueError(f"unknown request envelope {envelope!r}")
+            wrapped = self._wrapped[envelope] = wrap(self._entry, envelope)
+        return wrapped

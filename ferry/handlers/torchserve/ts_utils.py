@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -10,7 +13,33 @@ from typing import Any
 
 import yaml
 
+from ferry.handlers.contract import streaming
 from ferry.handlers.contract.loader import classes_defined_in
+
+log = logging.getLogger(__name__)
+
+CLEANUP_REGEX = re.compile(r"<[^\n]*?>|&(?:[a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
+"""What text handlers strip before tokenizing: HTML tags (``<`` to the nearest ``>`` on the
+same line) and character references with lower-case names (``&amp;``, ``&#38;``,
+``&#x26;``)."""
+
+PT2_BACKENDS = (
+    "eager",
+    "aot_eager",
+    "inductor",
+    "nvfuser",
+    "aot_nvfuser",
+    "aot_cudagraphs",
+    "ofi",
+    "fx2trt",
+    "onnxrt",
+    "ipex",
+    "torchxla_trace_once",
+    "openvino",
+    "tensorrt",
+    "hpu_backend",
+)
+"""The ``torch.compile`` backends TorchServe accepts in model-config.yaml's ``pt2``."""
 
 
 def map_class_to_label(
@@ -65,3 +94,22 @@ def list_classes_from_module(module: ModuleType, parent_class: type | None = Non
     """The classes defined in ``module`` itself (not imported), subclasses of
     ``parent_class`` when given."""
     return classes_defined_in(module, parent_class)
+
+
+def check_valid_pt2_backend(backend: str) -> bool:
+    """Whether ``backend`` is one of ``PT2_BACKENDS`` (case matters); a warning if not."""
+    if backend in PT2_BACKENDS:
+        return True
+    log.warning("%s is not a supported backend", backend)
+    return False
+
+
+def send_intermediate_predict_response(
+    ret: Any, req_id_map: Any, message: str, code: int, context: Any = None
+) -> None:
+    """Stream ``ret[i]`` to request ``req_id_map[i]`` ahead of the final answer (see
+    ``ferry.handlers.contract.streaming``). As in TorchServe, only the process of local
+    rank 0 sends (``LOCAL_RANK`` unset or ``0``); other ranks' parts are dropped."""
+    if str(os.environ.get("LOCAL_RANK", "0")) != "0":
+        return
+    streaming.send_intermediate_predict_response(ret, req_id_map, message, code, context)

@@ -4,6 +4,6 @@
 final one (HTTP: a chunked response; see "Streaming" in docs/handlers.md).
 """
 
-from ferry.handlers.contract.streaming import send_intermediate_predict_response
+from ferry.handlers.torchserve.ts_utils import send_intermediate_predict_response
 
 __all__ = ["send_intermediate_predict_response"]
