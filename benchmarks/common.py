@@ -238,3 +238,26 @@ def ferry_bench_limit(
     subprocess.run(argv, check=True)
     shutil.rmtree(out / "servers")
     return argv
+
+
+def detailed_photo(width: int, height: int, seed: int = 0, fmt: str = "JPEG") -> bytes:
+    """An image with gradients, shapes and noise (JPEG at quality 90, or PNG): detail that
+    decoding, resizing and cropping shift visibly."""
+    import io
+
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    pixels = np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels)
+    draw = ImageDraw.Draw(image)
+    for _ in range(12):
+        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
+        corner = (x0 + int(rng.integers(5, width // 3)), y0 + int(rng.integers(5, height // 3)))
+        draw.ellipse((x0, y0, *corner), fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buffer.getvalue()

@@ -12,7 +12,6 @@ Writes ``benchmarks/results/draft_decode.md``.
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import sys
 import time
@@ -20,32 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw
 
-from benchmarks.common import ROOT, machine_description, publish
+from benchmarks.common import ROOT, detailed_photo, machine_description, publish
 from ferry.handlers.builtin.vision import ImageTransform
 
 SIZES = [(500, 375), (1000, 667), (1920, 1080), (4032, 3024)]
 """Width, height: a small photo, a web photo, full HD, a phone camera's 12 megapixels."""
-
-
-def photo(width: int, height: int, seed: int = 0) -> bytes:
-    """A JPEG with gradients, shapes and noise (quality 90)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
-    pixels = np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
-    image = Image.fromarray(pixels)
-    draw = ImageDraw.Draw(image)
-    for _ in range(12):
-        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
-        corner = (x0 + int(rng.integers(5, width // 3)), y0 + int(rng.integers(5, height // 3)))
-        draw.ellipse((x0, y0, *corner), fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def model_input(transform: ImageTransform, encoded: bytes) -> torch.Tensor:
@@ -80,7 +60,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for width, height in SIZES:
-        encoded = photo(width, height)
+        encoded = detailed_photo(width, height)
         times: dict[str, list[float]] = {"whole": [], "draft": []}
         for round_ in range(args.rounds):
             order = [("whole", whole), ("draft", draft)]

@@ -7,6 +7,7 @@ Both servers read one model store. Needs TorchServe in its own virtual environme
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +108,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         + _doubler_archive(store, "metered", "ts_metrics_handler.py", handler={"scale": 3}),
         f"streaming={_plain_archive(store, 'streaming', 'ts_streaming_handler.py')}",
         f"describing={_plain_archive(store, 'describing', 'describing_handler.py')}",
+        f"tensors={_plain_archive(store, 'tensors', 'ts_tensor_handler.py')}",
+        f"raising={_plain_archive(store, 'raising', 'ts_raising_handler.py')}",
     ]
     # Registered through the management API by the tests, not loaded at start-up.
     ts_style_archive(store, name="second")
@@ -259,6 +262,25 @@ def test_custom_metrics_handler_answers_the_same(pair: Pair) -> None:
     torchserve, ferry = _both(pair, "POST", "/predictions/metered", content=b"[1, 2]")
     assert torchserve.status == 200, torchserve
     assert_same(torchserve, ferry)
+
+
+def test_a_tensor_answer_is_the_same_torch_saved_tensor(pair: Pair) -> None:
+    torchserve, ferry = _both(pair, "POST", "/predictions/tensors", content=b"[1.5, 2.0]")
+    assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
+    for answer in (torchserve, ferry):
+        tensor = torch.load(io.BytesIO(answer.body), weights_only=True)
+        assert torch.equal(tensor, torch.tensor([4.5, 6.0])), answer
+
+
+def test_a_raising_handler_is_the_documented_difference(pair: Pair) -> None:
+    # README, "Where Ferry deliberately differs": TorchServe answers 503 "Prediction
+    # failed"; Ferry 500 with the exception's message. Checked so the claim stays true.
+    torchserve, ferry = _both(pair, "POST", "/predictions/raising", content=b"x")
+    assert torchserve.status == 503, torchserve
+    assert ferry.status == 500, ferry
+    error = ferry.json()
+    assert isinstance(error, dict) and error["type"] == "InternalServerException"
+    assert "weights do not fit" in error["message"]
 
 
 def test_base_handler_initialize_sets_the_same_attributes(pair: Pair) -> None:

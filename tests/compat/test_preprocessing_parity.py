@@ -6,14 +6,12 @@ within 1e-5, on JPEGs and PNGs of several sizes and aspect ratios. Ferry's faste
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
 
+from benchmarks.common import detailed_photo
 from ferry.handlers.builtin.image_classifier import ImageClassifier
 from ferry.handlers.builtin.vision_tasks import ImageSegmenter
 from ferry.handlers.contract.context import Context
@@ -28,34 +26,8 @@ SIZES = [(720, 720), (1000, 667), (667, 1000), (1920, 1080), (500, 375), (300, 2
 """Width, height: squares, landscapes and portraits, large (draft-decodable) and small."""
 
 
-def _photo(width: int, height: int, seed: int) -> Image.Image:
-    """Gradients, shapes and noise: detail that resizing and cropping shift visibly."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
-    noisy = np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
-    image = Image.fromarray(noisy)
-    draw = ImageDraw.Draw(image)
-    for _ in range(12):
-        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
-        box = (
-            x0,
-            y0,
-            x0 + int(rng.integers(5, width // 3)),
-            y0 + int(rng.integers(5, height // 3)),
-        )
-        draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
-    return image
-
-
-def _encoded(image: Image.Image, fmt: str) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buffer.getvalue()
-
-
 IMAGES = [
-    _encoded(_photo(width, height, seed), fmt)
+    detailed_photo(width, height, seed, fmt)
     for seed, (width, height) in enumerate(SIZES)
     for fmt in ("JPEG", "PNG")
 ]
