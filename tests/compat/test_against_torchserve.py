@@ -17,6 +17,7 @@ import httpx
 import pytest
 import torch
 
+from benchmarks.common import detailed_photo
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.models import DOUBLING_MODEL, HANDLERS, Doubler, ts_style_archive, write_config
 from tests.fixtures.server import RunningServer, ferry_server
@@ -96,6 +97,45 @@ def _plain_archive(store: Path, name: str, handler_file: str) -> str:
     return write_archive(spec, store, force=True).name
 
 
+CLASSIFIER_MODEL = """
+from torch import nn
+
+
+class TinyClassifier(nn.Sequential):
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(3, 8, 5, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+            nn.Linear(128, 10),
+        )
+"""
+
+
+def _builtin_classifier_archive(store: Path) -> str:
+    """The built-in ``image_classifier`` over a small random CNN, labels in
+    index_to_name.json: what TorchServe's image classification tutorial archives hold."""
+    scratch = store / ".classifier-src"
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "classifier_model.py").write_text(CLASSIFIER_MODEL)
+    namespace: dict[str, object] = {}
+    exec(CLASSIFIER_MODEL, namespace)  # the archive's own class, for its state dict
+    torch.manual_seed(0)
+    model_class = namespace["TinyClassifier"]
+    assert isinstance(model_class, type) and issubclass(model_class, torch.nn.Module)
+    model = model_class()
+    torch.save(model.state_dict(), scratch / "classifier.pt")
+    labels = {str(i): f"class{i}" for i in range(10)}
+    (scratch / "index_to_name.json").write_text(json.dumps(labels))
+    spec = ArchiveSpec(
+        model_name="classifier",
+        handler="image_classifier",
+        serialized_file=scratch / "classifier.pt",
+        model_file=scratch / "classifier_model.py",
+        extra_files=(scratch / "index_to_name.json",),
+        config_file=write_config(scratch, {"minWorkers": 1}),
+    )
+    return write_archive(spec, store, force=True).name
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("compat")
@@ -110,6 +150,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         f"describing={_plain_archive(store, 'describing', 'describing_handler.py')}",
         f"tensors={_plain_archive(store, 'tensors', 'ts_tensor_handler.py')}",
         f"raising={_plain_archive(store, 'raising', 'ts_raising_handler.py')}",
+        f"classifier={_builtin_classifier_archive(store)}",
     ]
     # Registered through the management API by the tests, not loaded at start-up.
     ts_style_archive(store, name="second")
@@ -262,6 +303,23 @@ def test_custom_metrics_handler_answers_the_same(pair: Pair) -> None:
     torchserve, ferry = _both(pair, "POST", "/predictions/metered", content=b"[1, 2]")
     assert torchserve.status == 200, torchserve
     assert_same(torchserve, ferry)
+
+
+@pytest.mark.parametrize(
+    ("size", "fmt"), [((1000, 667), "JPEG"), ((720, 720), "PNG"), ((667, 1000), "JPEG")]
+)
+def test_the_builtin_image_classifier_answers_the_same(
+    pair: Pair, size: tuple[int, int], fmt: str
+) -> None:
+    """TorchServe's image_classifier with torchvision's transforms against Ferry's: the
+    same top-5 labels, probabilities within 1e-5."""
+    image = detailed_photo(*size, seed=size[0], fmt=fmt)
+    torchserve, ferry = _both(pair, "POST", "/predictions/classifier", content=image)
+    assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
+    theirs, ours = torchserve.json(), ferry.json()
+    assert isinstance(theirs, dict) and isinstance(ours, dict)
+    assert list(ours) == list(theirs), f"{theirs}\n{ours}"
+    assert all(abs(ours[label] - theirs[label]) < 1e-5 for label in theirs), f"{theirs}\n{ours}"
 
 
 def test_a_tensor_answer_is_the_same_torch_saved_tensor(pair: Pair) -> None:
