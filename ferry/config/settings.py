@@ -18,6 +18,30 @@ from ferry.errors import ConfigError
 ENVELOPES = ("json", "body", "kserve", "kservev2")
 """TorchServe's request envelopes (``service_envelope``)."""
 
+METRIC_TYPES = ("counter", "gauge", "histogram")
+"""The metric types of a metrics_config file (TorchServe's ``MetricTypes`` values)."""
+
+
+@dataclass(frozen=True)
+class ModelMetric:
+    """One model metric a metrics_config file declares (its ``model_metrics`` section):
+    handlers get it with ``context.metrics.get_metric(name, metric_type)``, and its
+    values take one value per dimension name, in this order."""
+
+    name: str
+    unit: str
+    metric_type: str
+    """``counter``, ``gauge`` or ``histogram``."""
+    dimensions: tuple[str, ...] = ()
+
+
+TORCHSERVE_MODEL_METRICS = (
+    ModelMetric("HandlerTime", "ms", "gauge", ("ModelName", "Level")),
+    ModelMetric("PredictionTime", "ms", "gauge", ("ModelName", "Level")),
+)
+"""The model metrics of TorchServe's default metrics.yaml: what handlers get without a
+metrics_config."""
+
 
 @dataclass(frozen=True)
 class Address:
@@ -164,6 +188,10 @@ class ServerSettings:
 
     enable_metrics_api: bool = True
     """Collect metrics and serve them on ``metrics_address``."""
+    model_metrics: tuple[ModelMetric, ...] = TORCHSERVE_MODEL_METRICS
+    """The model metrics handlers find declared (``get_metric``), read from the
+    ``model_metrics`` section of TorchServe's metrics.yaml named by ``metrics_config``;
+    TorchServe's default ones (``HandlerTime``, ``PredictionTime``) without it."""
     max_handler_metric_series: int = 2000
     """Series one handler metric may have (all models together): a value with new
     dimension values beyond it is dropped, counted in

@@ -22,8 +22,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+
 from ferry.config.image_limits import DEFAULT_MAX_IMAGE_PIXELS
-from ferry.config.settings import ENVELOPES, Address, ServerSettings
+from ferry.config.settings import (
+    ENVELOPES,
+    METRIC_TYPES,
+    TORCHSERVE_MODEL_METRICS,
+    Address,
+    ModelMetric,
+    ServerSettings,
+)
 from ferry.errors import ConfigError
 
 log = logging.getLogger("ferry.config")
@@ -175,6 +184,57 @@ def _models_json(key: str, text: str) -> dict[str, dict[str, dict[str, Any]]]:
     return document  # type: ignore[no-any-return]
 
 
+def read_model_metrics(path: Path) -> tuple[ModelMetric, ...]:
+    """The ``model_metrics`` section of a TorchServe metrics.yaml: under each type
+    (``counter``, ``gauge``, ``histogram``) a list of ``{name, unit, dimensions}``. As in
+    TorchServe the section must declare something; ``ts_metrics`` (the frontend's) and the
+    ``dimensions`` aliases are not read here (YAML resolves the aliases)."""
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"metrics_config: cannot read {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"metrics_config: {path} is not valid YAML: {exc}") from None
+    section = document.get("model_metrics") if isinstance(document, dict) else None
+    if not section:
+        raise ConfigError(f"metrics_config: {path} has no model_metrics section")
+    if not isinstance(section, dict):
+        raise ConfigError(f"metrics_config: {path}: model_metrics must map metric types to lists")
+    declared: dict[tuple[str, str], ModelMetric] = {}
+    for metric_type, entries in section.items():
+        if metric_type not in METRIC_TYPES:
+            raise ConfigError(
+                f"metrics_config: {path}: metric type {metric_type!r} is not one of "
+                f"{', '.join(METRIC_TYPES)}"
+            )
+        if not isinstance(entries, list | type(None)):
+            raise ConfigError(f"metrics_config: {path}: model_metrics.{metric_type} is not a list")
+        for entry in entries or ():
+            metric = _model_metric(entry, metric_type, f"metrics_config: {path}: {metric_type}")
+            declared[(metric_type, metric.name)] = metric  # a later one wins, as in TorchServe
+    return tuple(declared.values())
+
+
+def _model_metric(entry: object, metric_type: str, where: str) -> ModelMetric:
+    if not isinstance(entry, dict) or not {"name", "unit", "dimensions"} <= entry.keys():
+        raise ConfigError(f"{where}: each metric needs name, unit and dimensions, got {entry!r}")
+    name, unit, dimensions = entry["name"], entry["unit"], entry["dimensions"] or []
+    if not isinstance(name, str) or not name or not isinstance(unit, str):
+        raise ConfigError(f"{where}: name and unit must be text, got {entry!r}")
+    if not isinstance(dimensions, list) or not all(isinstance(d, str) for d in dimensions):
+        raise ConfigError(f"{where}: {name}: dimensions must be a list of names")
+    if len(set(dimensions)) != len(dimensions):
+        raise ConfigError(f"{where}: {name}: a dimension is named twice in {dimensions}")
+    return ModelMetric(name, unit, metric_type, tuple(dimensions))
+
+
+def _metrics_config(key: str, text: str) -> tuple[ModelMetric, ...]:
+    """A metrics.yaml's model metrics; nothing named: TorchServe's default ones."""
+    if not text.strip():
+        return TORCHSERVE_MODEL_METRICS
+    return read_model_metrics(_path(key, text))
+
+
 @dataclass(frozen=True)
 class Option:
     key: str
@@ -225,6 +285,7 @@ OPTIONS = (
     Option("allowed_urls", "allowed_urls", _list),
     Option("enable_metrics_api", "enable_metrics_api", _boolean),
     Option("max_handler_metric_series", "max_handler_metric_series", _integer(1)),
+    Option("metrics_config", "model_metrics", _metrics_config),
     Option("enable_model_api", "enable_model_api", _boolean, switch=True),
     Option("install_py_dep_per_model", "install_py_dep_per_model", _boolean),
     Option("pip_index_url", "pip_index_url", _index_url),
@@ -279,7 +340,8 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "model_server_home": "paths are relative to the working directory",
     "metrics_mode": "metrics are always Prometheus text on metrics_address",
     "metrics_format": "metrics are always Prometheus text on metrics_address",
-    "metrics_config": "Ferry's metrics are defined in code",
+    "model_metrics_auto_detect": "handler metrics are always served, declared in "
+    "metrics_config or not",
     "system_metrics_cmd": "Ferry reads system metrics itself (ts_metrics.log)",
     "disable_system_metrics": "system metrics go to ts_metrics.log whenever log_location is set",
     "grpc_inference_max_connection_age_ms": "gRPC connections live as long as clients keep them",

@@ -46,6 +46,7 @@ class ModelVersion:
             image_limits=ImageLimits(server.limit_max_image_pixels, server.allowed_image_formats),
             package_dirs=[str(archive.packages)] if archive.packages else [],
             envelope=server.service_envelope,
+            model_metrics=server.model_metrics,
         )
         runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
         return cls(archive, runner, at_startup)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ferry.config.image_limits import ImageLimits
+from ferry.config.settings import TORCHSERVE_MODEL_METRICS, ModelMetric
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,23 @@ class WorkerSpec:
     """Folders of the model's own packages, imported ahead of the server's."""
     envelope: str = ""
     """TorchServe's request envelope around the handler (``service_envelope``); "" for none."""
+    model_metrics: tuple[ModelMetric, ...] = TORCHSERVE_MODEL_METRICS
+    """The model metrics the handler finds declared (the server's ``metrics_config``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, document: dict[str, Any]) -> WorkerSpec:
+        """The spec a worker reads from its first frame."""
         fields = dict(document)
         limits = fields.pop("image_limits", None)
         if limits is not None:  # a mapping on the wire, its formats a list
             fields["image_limits"] = ImageLimits(limits["max_pixels"], tuple(limits["formats"]))
+        metrics = fields.pop("model_metrics", None)
+        if metrics is not None:  # mappings on the wire, their dimensions lists
+            fields["model_metrics"] = tuple(
+                ModelMetric(m["name"], m["unit"], m["metric_type"], tuple(m["dimensions"]))
+                for m in metrics
+            )
         return cls(**fields)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.config.image_limits import ImageLimits
+from ferry.config.settings import TORCHSERVE_MODEL_METRICS, ModelMetric
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import EntryPoint, load_entry_point
 from ferry.handlers.torchserve import request_envelope
@@ -76,8 +77,11 @@ def load_handler(
     image_limits: ImageLimits | None = None,
     package_dirs: Sequence[str] = (),
     envelope: str = "",
+    model_metrics: Sequence[ModelMetric] = TORCHSERVE_MODEL_METRICS,
 ) -> ReadyHandler:
-    """Import, instantiate and initialise ``handler`` (the manifest's handler string)."""
+    """Import, instantiate and initialise ``handler`` (the manifest's handler string).
+    ``model_metrics`` are the metrics the handler finds declared (the server's
+    metrics_config; TorchServe's default ones without it)."""
     prepare_imports(model_dir, package_dirs)
     context = Context(
         name,
@@ -87,6 +91,7 @@ def load_handler(
         gpu_id,
         model_yaml_config=model_yaml_config,
         image_limits=image_limits,
+        model_metrics=model_metrics,
     )
     entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))

@@ -64,6 +64,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         image_limits=spec.image_limits,
         package_dirs=spec.package_dirs,
         envelope=spec.envelope,
+        model_metrics=spec.model_metrics,
     )
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
     return runner, _chosen_device(ready.instance, spec)

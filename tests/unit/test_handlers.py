@@ -149,7 +149,9 @@ def test_runner_drains_handler_metrics_every_batch() -> None:
     runner = _runner(handle)
     first = runner.run(PredictBatch(1, [_item("a", b"x"), _item("b", b"y")])).metrics
     second = runner.run(PredictBatch(2, [_item("c", b"z")])).metrics
-    assert [(m.name, m.value, m.dimensions) for m in first] == [("Seen", 2.0, {"model": "m"})]
+    # TorchServe's default dimensions join the handler's own.
+    dimensions = {"model": "m", "ModelName": "m", "Level": "Model"}
+    assert [(m.name, m.value, m.dimensions) for m in first] == [("Seen", 2.0, dimensions)]
     assert [m.value for m in second] == [1.0]
 
 

@@ -80,10 +80,10 @@ def test_timed_records_each_call_in_ms_under_the_method_name() -> None:
 
 
 def test_custom_metrics_api() -> None:
-    metrics = HandlerMetrics()
+    metrics = HandlerMetrics("m")
     metrics.add_metric("Hits", 2, "count", None, [Dimension("route", "a")])
     metrics.add_metric("Temp", 41.5, "C", metric_type=MetricTypes.GAUGE)
-    metrics.get_metric("Hits").add_or_update(3, ["b"])
+    metrics.get_metric("Hits").add_or_update(3, ["b", "m", "Model"])
     declared = metrics.add_metric_to_cache("Lat", "ms", ["op"], MetricTypes.HISTOGRAM)
     declared.add_or_update(7, ["read"])
     declared.update(8, dimensions=[Dimension("op", "write")])
@@ -91,18 +91,19 @@ def test_custom_metrics_api() -> None:
     metrics.add_time("T", 5, metric_type=MetricTypes.COUNTER)
     metrics.add_counter("C", dimensions={"k": "v"})
     recorded = [(m.name, m.value, m.unit, m.kind, m.dimensions) for m in metrics.drain()]
+    model = (("Level", "Model"), ("ModelName", "m"))  # TorchServe's default dimensions
     assert recorded == [
-        ("Hits", 2.0, "count", "counter", (("route", "a"),)),
-        ("Temp", 41.5, "C", "gauge", ()),
-        ("Hits", 3.0, "count", "counter", (("route", "b"),)),
+        ("Hits", 2.0, "count", "counter", (*model, ("route", "a"))),
+        ("Temp", 41.5, "C", "gauge", model),
+        ("Hits", 3.0, "count", "counter", (*model, ("route", "b"))),
         ("Lat", 7.0, "ms", "histogram", (("op", "read"),)),
         ("Lat", 8.0, "ms", "histogram", (("op", "write"),)),
         ("Unknown", 1.0, "count", "gauge", ()),
-        ("T", 5.0, "ms", "counter", ()),
-        ("C", 1.0, "count", "counter", (("k", "v"),)),
+        ("T", 5.0, "ms", "counter", model),
+        ("C", 1.0, "count", "counter", (*model, ("k", "v"))),
     ]
-    with pytest.raises(ValueError, match="1 dimension values expected"):
-        declared.add_or_update(1, [])
+    # As in TorchServe, a value with the wrong number of dimension values is dropped.
+    declared.add_or_update(1, [])
     assert metrics.drain() == []
 
 

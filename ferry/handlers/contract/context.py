@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ferry import __version__
 from ferry.config.image_limits import ImageLimits
+from ferry.config.settings import ModelMetric
 from ferry.handlers.contract.exceptions import RequestCancelled
 from ferry.handlers.contract.metrics import HandlerMetrics
 
@@ -80,6 +81,7 @@ class Context:
         metrics: HandlerMetrics | None = None,
         model_yaml_config: dict[str, Any] | None = None,
         image_limits: ImageLimits | None = None,
+        model_metrics: Iterable[ModelMetric] | None = None,
     ) -> None:
         self.model_name = model_name
         self.manifest = manifest
@@ -95,7 +97,11 @@ class Context:
         self.stage_ms: dict[str, float] = {}
         """Time per handler stage in the current batch (preprocess, inference, postprocess)."""
         self.request_processor: list[RequestProcessor] = []
-        self.metrics = metrics if metrics is not None else HandlerMetrics()
+        self.metrics = metrics if metrics is not None else HandlerMetrics(model_name, model_metrics)
+        """The handler's metrics: ``model_metrics`` (the server's metrics_config, TorchServe's
+        default ones when None) declared, ``ModelName`` this model's name."""
+        if not self.metrics.model_name:
+            self.metrics.model_name = model_name
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self.image_limits = image_limits or ImageLimits()
         """The server's image settings, which the built-in vision handlers enforce."""
