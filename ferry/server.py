@@ -10,7 +10,7 @@ Start-up, in this order:
    one cannot listen, start-up stops here: no key file is written and no worker started.
 3. Generated keys are written to the key file; the listeners serve; the start-up models
    load; once they are ready, with ``log_location`` set, TorchServe's system metrics lines
-   go to ``ts_metrics.log`` (then every ``SYSTEM_METRICS_SECONDS``), and the ready file
+   go to ``ts_metrics.log`` (then every ``metric_time_interval``), and the ready file
    gets the bound addresses.
 
 Shutdown: start-up model loading is cancelled; once serving, readiness turns 503
@@ -69,9 +69,6 @@ CLOSE_SECONDS = 30.0
 """How long ``service.close()`` may take before the workers are killed outright."""
 LISTENER_STOP_SECONDS = 30.0
 """How long the listeners may take to stop (they drain requests in flight first)."""
-SYSTEM_METRICS_SECONDS = 60.0
-"""Between two sets of system metrics lines in ``ts_metrics.log``: TorchServe's default
-``metric_time_interval``."""
 
 
 class Listener(Protocol):
@@ -283,8 +280,11 @@ async def _log_system_metrics(
     service: FerryService, settings: ServerSettings
 ) -> asyncio.Task[None] | None:
     """With ``log_location`` (and metrics on): TorchServe's system metrics lines in
-    ``ts_metrics.log`` now, then every ``SYSTEM_METRICS_SECONDS`` from the task returned."""
+    ``ts_metrics.log`` now, then every ``metric_time_interval`` from the task returned; none
+    with ``disable_system_metrics``."""
     if settings.log_location is None or not settings.enable_metrics_api:
+        return None
+    if settings.disable_system_metrics:
         return None
     lines = SystemMetricsLines(service.metrics.hostname)
     gpus = service.models.machine.gpus
@@ -297,7 +297,7 @@ async def _log_system_metrics(
 
     async def every_interval() -> None:
         while True:
-            await asyncio.sleep(SYSTEM_METRICS_SECONDS)  # the interval itself
+            await asyncio.sleep(settings.metric_time_interval)  # the interval itself
             await asyncio.to_thread(log_lines)
 
     await asyncio.to_thread(log_lines)

@@ -155,6 +155,11 @@ class ServerSettings:
     """Seconds a pending request body may go without a byte arriving (408 beyond)."""
     default_response_timeout: float = 120.0
     """Seconds a worker may take for one batch before it is killed and replaced."""
+    metric_time_interval: float = 60.0
+    """Seconds between two sets of system metrics lines in ``ts_metrics.log`` (TorchServe's
+    key and default)."""
+    disable_system_metrics: bool = False
+    """No system metrics lines in ``ts_metrics.log`` (TorchServe's key)."""
     drain_delay: float = 0.0
     """Seconds between a stop signal and the listeners closing. Meanwhile readiness
     (``/ping``, ``/ping/MODEL``, ``/v2/health/ready``) answers 503 ``Draining`` and every

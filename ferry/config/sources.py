@@ -286,6 +286,8 @@ OPTIONS = (
     Option("enable_metrics_api", "enable_metrics_api", _boolean),
     Option("max_handler_metric_series", "max_handler_metric_series", _integer(1)),
     Option("metrics_config", "model_metrics", _metrics_config),
+    Option("metric_time_interval", "metric_time_interval", _seconds),
+    Option("disable_system_metrics", "disable_system_metrics", _boolean),
     Option("enable_model_api", "enable_model_api", _boolean, switch=True),
     Option("install_py_dep_per_model", "install_py_dep_per_model", _boolean),
     Option("pip_index_url", "pip_index_url", _index_url),
@@ -343,7 +345,6 @@ IGNORED_TORCHSERVE_KEYS: dict[str, str] = {
     "model_metrics_auto_detect": "handler metrics are always served, declared in "
     "metrics_config or not",
     "system_metrics_cmd": "Ferry reads system metrics itself (ts_metrics.log)",
-    "disable_system_metrics": "system metrics go to ts_metrics.log whenever log_location is set",
     "grpc_inference_max_connection_age_ms": "gRPC connections live as long as clients keep them",
     "grpc_management_max_connection_age_ms": "gRPC connections live as long as clients keep them",
     "grpc_inference_max_connection_age_grace_ms": "see grpc_inference_max_connection_age_ms",

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import logging.config
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 import ferry.logs
+from ferry import server
+from ferry.config.settings import ServerSettings
 from ferry.logs import (
     PLAIN_FORMAT,
     TS_METRICS_LOGGER,
@@ -22,6 +26,7 @@ from ferry.logs import (
     configure_logging,
 )
 from ferry.metrics.gpu import GpuReading
+from ferry.service import FerryService
 
 
 @pytest.fixture(autouse=True)
@@ -236,3 +241,10 @@ def test_gpu_metrics_come_first_per_device_as_torchserves_collector_reports_them
         "GPUUtilization.Percent:0.0|#Level:Host,DeviceId:1|#hostname:box,timestamp:1767225600",
     ]
     assert lines[6].startswith("CPUUtilization.Percent:")
+
+
+def test_disable_system_metrics_writes_no_ts_metrics_lines(tmp_path: Path) -> None:
+    """TorchServe's switch: nothing is read or logged (the service is never asked)."""
+    settings = ServerSettings(log_location=tmp_path, disable_system_metrics=True)
+    no_service = cast(FerryService, None)
+    assert asyncio.run(server._log_system_metrics(no_service, settings)) is None

@@ -187,3 +187,12 @@ def test_kserves_model_snapshot_names_the_models_to_load(tmp_path: Path) -> None
     config.write_text("model_snapshot={not json\n")
     with pytest.raises(ConfigError, match="model_snapshot: invalid JSON"):
         load_settings({}, {}, config)
+
+
+def test_torchserves_system_metrics_keys_are_read(tmp_path: Path) -> None:
+    config = tmp_path / "config.properties"
+    config.write_text("metric_time_interval=15\ndisable_system_metrics=true\n")
+    settings = load_settings({}, {}, config)
+    assert (settings.metric_time_interval, settings.disable_system_metrics) == (15.0, True)
+    defaults = load_settings({}, {}, None)
+    assert (defaults.metric_time_interval, defaults.disable_system_metrics) == (60.0, False)
