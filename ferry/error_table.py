@@ -40,6 +40,7 @@ from ferry.errors import (
     RequestTooLarge,
     ResponseTimeout,
     ResponseTooLarge,
+    SequenceEnded,
     UrlNotAllowed,
     WorkerDied,
     WorkflowAlreadyExists,
@@ -94,6 +95,7 @@ ERROR_ROWS: Mapping[type[FerryError], ErrorRow] = {
     # Unless the handler chose a status (``HandlerFailed.status``): each transport's
     # ``error_response`` / ``error_code`` answers that one instead.
     HandlerFailed: ErrorRow(500, "InternalServerException", "INTERNAL"),
+    SequenceEnded: ErrorRow(409, "ConflictStatusException", "ABORTED"),
     ArchiveError: ErrorRow(400, "InvalidModelException", "INVALID_ARGUMENT"),
     PackageInstallFailed: ErrorRow(400, "ModelException", "INVALID_ARGUMENT"),
     ArchiveNotFound: ErrorRow(404, "ModelNotFoundException", "NOT_FOUND"),

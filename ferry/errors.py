@@ -16,6 +16,8 @@ status, TorchServe error type, gRPC code), looked up by class hierarchy.
     ├── DeadlineExceeded       the request's own deadline (x-ferry-deadline-ms) cannot be
     │                          met: shed before it reached a worker
     ├── HandlerFailed          the handler raised; may carry the handler's own status code
+    ├── SequenceEnded          a stateful sequence ended before the request ran, or is
+    │                          ending (its client marked an earlier request as the last)
     ├── ArchiveError           an archive or model folder cannot be read
     │   ├── ArchiveNotFound    the model store has no such archive
     │   ├── ModelConfigError   its model-config.yaml (or a per-model override) is invalid;
@@ -92,6 +94,10 @@ class HandlerFailed(FerryError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class SequenceEnded(FerryError):
+    pass
 
 
 class ArchiveError(FerryError):

@@ -15,7 +15,7 @@ TS_PACKAGES=(torchserve==0.12.0 torch-model-archiver pyyaml psutil packaging)
 # torchvision is left out on purpose: where the only wheel at hand is a CUDA build, its
 # operators fail to load beside a CPU torch and every import of it raises;
 # tests/fixtures/torchserve.py supplies a stand-in when it is missing (see there).
-EXTRA_PACKAGES=(pillow numpy captum)
+EXTRA_PACKAGES=(pillow numpy captum lru-dict)
 
 if [[ ! -x "$DIR/bin/python" ]]; then
     "$PYTHON" -m venv "$DIR"
@@ -49,7 +49,7 @@ if ! has torch; then
 fi
 if ! "$PY" -c 'import ts.version as v; assert v.__version__ == "0.12.0"' >/dev/null 2>&1 \
     || ! has model_archiver || ! has yaml || ! has psutil || ! has packaging || ! has PIL \
-    || ! has numpy || ! has captum; then
+    || ! has numpy || ! has captum || ! has lru; then
     "$PY" -m pip install --quiet "${TS_PACKAGES[@]}" "${EXTRA_PACKAGES[@]}" "$TORCH_PIN"
 fi
 

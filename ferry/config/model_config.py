@@ -21,6 +21,7 @@ from ferry.config.sections import (
     MicroBatchingConfig,
     OptimizationConfig,
     Reader,
+    boolean,
     choice,
     integer,
     integers,
@@ -50,6 +51,11 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "latencyObjectiveMs": ("latency_objective_ms", number(0.0, above_low=True)),
     "clientTimeoutInMills": ("client_timeout_ms", number(0.0, above_low=True)),
     "deadlineAction": ("deadline_action", choice("reject", "delay")),
+    "sequenceBatching": ("sequence_batching", boolean),
+    "maxNumSequence": ("max_num_sequence", integer(1)),
+    "maxSequenceJobQueueSize": ("max_sequence_job_queue_size", integer(1)),
+    "sequenceMaxIdleMSec": ("sequence_max_idle_ms", number(0.0)),
+    "sequenceTimeoutMSec": ("sequence_timeout_ms", number(0.0)),
 }
 
 
@@ -87,6 +93,17 @@ class ModelConfig:
     """Ferry, after Triton's queue policy ``timeout_action``: ``reject`` (the default)
     answers a request that misses its deadline ``DeadlineExceeded``; ``delay`` keeps it,
     behind every request that can still be on time."""
+    sequence_batching: bool = False
+    """TorchServe's ``sequenceBatching``: a stateful model, whose requests run in order
+    per sequence (``ferry.scheduling.sequences``)."""
+    max_num_sequence: int | None = None
+    """Sequences open at once (``maxNumSequence``; at least batchSize times workers)."""
+    max_sequence_job_queue_size: int | None = None
+    """Requests one sequence may hold waiting (``maxSequenceJobQueueSize``, 1 if unset)."""
+    sequence_max_idle_ms: float | None = None
+    """How long a sequence may wait for its next request (``sequenceMaxIdleMSec``)."""
+    sequence_timeout_ms: float | None = None
+    """After this, a sequence ends at its first idle moment (``sequenceTimeoutMSec``)."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)
@@ -108,6 +125,11 @@ def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
         for key, (attr, read) in _KNOWN_KEYS.items()
         if key in document
     }
+    if values.get("sequence_batching") and not values.get("sequence_max_idle_ms"):
+        raise ModelConfigError(
+            f"{source}: sequenceBatching: true needs sequenceMaxIdleMSec above 0 (how long "
+            "a sequence may wait for its next request before it ends)"
+        )
     sections = {
         name: read_section(kind, document[name], f"{source}: {name}")
         for name, kind in HANDLER_SECTIONS.items()

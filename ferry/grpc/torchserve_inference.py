@@ -6,7 +6,14 @@ type (so the handler gets each value as bytes, as from TorchServe's gRPC API); i
 metadata becomes the request headers (``x-request-id`` included), less ``authorization``.
 ``StreamPredictions`` answers one message per part the handler streams
 (``send_intermediate_predict_response``), then one for its last answer.
-``StreamPredictions2`` (TorchServe's stateful sequences) answers UNIMPLEMENTED.
+``StreamPredictions2`` carries stateful sequences (``sequenceBatching``): each message is
+a request of the sequence its ``sequence_id`` names, answered on the stream in the order
+the messages came, each answer with its ``sequence_id``; a failed request is answered
+with a ``status`` and the stream goes on, as TorchServe does. Unlike TorchServe, which
+answers "Parameter sequenceId is required.", a message without ``sequence_id`` continues
+the stream's sequence (the one its first message began, named by the server if it had
+none); an ``input`` entry ``ts_request_sequence_end: true`` marks its client's last
+request of the sequence.
 """
 
 from __future__ import annotations
@@ -20,12 +27,13 @@ from google.protobuf import empty_pb2
 from grpc import StatusCode, aio
 
 from ferry.apis import Apis
-from ferry.errors import FerryError
+from ferry.errors import ClientGone, FerryError, InvalidRequest
 from ferry.grpc.calls import on_hang_up, request_headers
 from ferry.grpc.errors import PREDICTION_CODES, error_code
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as pb_grpc
 from ferry.service import FerryService
+from ferry.service.pending import PendingPrediction
 from ferry.service.types import InputPart, Prediction, PredictionPart
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
@@ -43,6 +51,45 @@ def request_parts(request: pb.PredictionsRequest) -> list[InputPart]:
 
 async def _fail(context: Context, error: FerryError) -> Never:
     await context.abort(error_code(error, PREDICTION_CODES), error.message)
+
+
+SEQUENCE_ID = "ts_request_sequence_id"
+SEQUENCE_END = "ts_request_sequence_end"
+
+
+class _SequenceAnswer:
+    """What one ``StreamPredictions2`` message is answered with: the parts its handler
+    streams, then its answer or error, in the order they come."""
+
+    def __init__(self, sequence_id: str) -> None:
+        self.sequence_id = sequence_id
+        self.events: asyncio.Queue[PredictionPart | Prediction | FerryError] = asyncio.Queue()
+
+    def fail(self, error: FerryError) -> _SequenceAnswer:
+        self.events.put_nowait(error)
+        return self
+
+    def settle(self, pending: PendingPrediction) -> None:
+        """Put the request's last answer (or error) after its parts, once it is done."""
+        try:
+            self.events.put_nowait(pending.result())
+        except FerryError as error:
+            self.events.put_nowait(error)
+        except asyncio.CancelledError:
+            self.events.put_nowait(ClientGone("the call was cancelled"))
+
+    async def responses(self) -> AsyncIterator[pb.PredictionResponse]:
+        while True:
+            event = await self.events.get()
+            if isinstance(event, FerryError):
+                code = error_code(event, PREDICTION_CODES).value[0]
+                response = pb.PredictionResponse(sequence_id=self.sequence_id)
+                response.status.code, response.status.message = code, event.message
+                yield response
+                return
+            yield pb.PredictionResponse(prediction=event.body, sequence_id=self.sequence_id)
+            if isinstance(event, Prediction):
+                return
 
 
 class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
@@ -106,12 +153,62 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
 
     async def StreamPredictions2(
         self, request_iterator: AsyncIterator[pb.PredictionsRequest], context: Context
+    ) -> AsyncIterator[pb.PredictionResponse]:
+        """Each message's answers in the order the messages came; messages are queued as
+        they arrive, so a client need not wait for one answer to send the next."""
+        answers: asyncio.Queue[_SequenceAnswer | None] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read_sequence(request_iterator, context, answers))
+        try:
+            while (answer := await answers.get()) is not None:
+                async for response in answer.responses():
+                    yield response
+            await reader  # its errors (a broken stream) are the call's
+        finally:
+            if not reader.done():
+                reader.cancel()
+
+    async def _read_sequence(
+        self,
+        requests: AsyncIterator[pb.PredictionsRequest],
+        context: Context,
+        answers: asyncio.Queue[_SequenceAnswer | None],
     ) -> None:
-        await context.abort(
-            StatusCode.UNIMPLEMENTED,
-            "StreamPredictions2 (stateful sequences) is not supported by Ferry; "
-            "use Predictions or StreamPredictions",
-        )
+        sequence = ""
+        try:
+            async for request in requests:
+                answer = self._submit_in_sequence(request, context, sequence)
+                sequence = answer.sequence_id or sequence
+                answers.put_nowait(answer)
+        finally:
+            answers.put_nowait(None)
+
+    def _submit_in_sequence(
+        self, request: pb.PredictionsRequest, context: Context, sequence: str
+    ) -> _SequenceAnswer:
+        """Queue one message of a sequence: its ``sequence_id``, else the stream's."""
+        sequence = request.sequence_id or sequence
+        answer = _SequenceAnswer(sequence)
+        if not request.model_name:
+            return answer.fail(InvalidRequest("Parameter model_name is required."))
+        headers = request_headers(context)
+        if sequence:
+            headers[SEQUENCE_ID] = sequence
+        if request.input.get(SEQUENCE_END, b"").strip().lower() == b"true":
+            headers[SEQUENCE_END] = "true"
+        try:
+            pending = self._service.submit(
+                request.model_name,
+                request.model_version or None,
+                request_parts(request),
+                headers,
+                on_hang_up(context),
+                answer.events.put_nowait,
+            )
+        except FerryError as error:
+            return answer.fail(error)
+        answer.sequence_id = pending.sequence_id or sequence
+        pending.future.add_done_callback(lambda _: answer.settle(pending))
+        return answer
 
     async def _model(
         self, request: pb.PredictionsRequest, context: Context

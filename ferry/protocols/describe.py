@@ -38,7 +38,8 @@ def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
 _TORCHSERVE_ONLY_FIELDS: dict[str, Any] = {
     # Describe fields of TorchServe features Ferry does not have, at TorchServe's defaults,
     # so clients that read them find them: retries, torchrun parallelism, job tickets,
-    # per-model virtual environments, stateful sequences, continuous batching.
+    # per-model virtual environments, continuous batching; a stateful model overrides the
+    # sequence fields (ferry.service.status).
     "maxRetryTimeoutInSec": 300,
     "parallelType": "",
     "parallelLevel": 1,

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ferry.errors import (
     DeadlineExceeded,
@@ -36,6 +37,7 @@ from ferry.errors import (
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
+from ferry.scheduling.sequences import SequenceBook
 from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import BatchResult, ItemResult, PartialResult, PredictBatch
 from ferry.worker_handles.handle import WorkerGone, WorkerHandle
@@ -102,6 +104,22 @@ def to_outcome(
 _KINDS = {kind.value for kind in ErrorKind}
 
 
+class BatchSource(Protocol):
+    """Where a worker's batches come from: the model's queue (``BatchQueue``), or, for a
+    stateful model, the worker's own sequences (``SequenceLane``)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def take_ready(self) -> list[Job] | None: ...
+
+    async def take_batch(self) -> list[Job]: ...
+
+    def put_front(self, jobs: Iterable[Job]) -> None: ...
+
+
 class InFlight:
     """The requests handed to one worker and not yet answered.
 
@@ -157,6 +175,8 @@ class Lane:
     """What one worker holds: the batches sent to it, oldest (the one it works on) first,
     and every request among them by id; and whether it is due to be replaced."""
 
+    source: BatchSource
+    """Where its batches come from."""
     pending: deque[Exchange] = field(default_factory=deque)
     held: InFlight = field(default_factory=InFlight)
     sizes_run: set[int] = field(default_factory=set)
@@ -210,8 +230,11 @@ class Dispatcher:
         delay_late: bool = False,
         stream_timeout: float | None = None,
         cancel_grace: float = 5.0,
+        sequences: SequenceBook | None = None,
     ) -> None:
         self.name = name
+        self.sequences = sequences
+        """A stateful model's sequences: each worker takes batches from its own."""
         self.stream_timeout = stream_timeout
         """Seconds a batch may stream in all, however often it sends parts."""
         self.cancel_grace = cancel_grace
@@ -238,7 +261,17 @@ class Dispatcher:
     ) -> ServeEnd:
         """Feed batches to ``worker`` until it must go; every request it took is answered
         or back in the queue when this returns (or raises ``CancelledError``)."""
-        lane = Lane(recycle=recycle)
+        if self.sequences is None:
+            return await self._serve(worker, retire, on_busy, Lane(self.queue, recycle=recycle))
+        sequences = self.sequences.lane()
+        try:
+            return await self._serve(worker, retire, on_busy, Lane(sequences, recycle=recycle))
+        finally:  # its sequences go on, on another worker
+            sequences.close()
+
+    async def _serve(
+        self, worker: WorkerHandle, retire: asyncio.Event, on_busy: BusyReport, lane: Lane
+    ) -> ServeEnd:
         try:
             return await self._feed(worker, retire, on_busy, lane)
         except asyncio.CancelledError:
@@ -257,7 +290,7 @@ class Dispatcher:
             error, lone_is_culprit = self._died(), True
         started, waiting = lane.started_and_waiting()
         self._isolate_or_fail(started, error, lone_is_culprit=lone_is_culprit)
-        self._requeue_unstarted(waiting, error)
+        self._requeue_unstarted(waiting, error, lane.source)
         return ServeEnd.FAILED
 
     def _timed_out(self, worker: WorkerHandle, lane: Lane) -> FerryError:
@@ -301,10 +334,10 @@ class Dispatcher:
         while True:
             if not pending:
                 on_busy(False)
-                jobs = await self._next_batch(worker, retire)
+                jobs = await self._next_batch(worker, retire, lane.source)
                 if jobs is None:
                     return ServeEnd.RETIRED if retire.is_set() else ServeEnd.EXITED
-                jobs = self._still_wanted(jobs)
+                jobs = self._still_wanted(jobs, lane.source)
                 if not jobs:
                     continue
                 pending.append(await self._send(worker, jobs, lane.held))
@@ -336,9 +369,9 @@ class Dispatcher:
         or recycled."""
         if len(lane.pending) != 1 or retire.is_set() or lane.recycling or self._idle_workers:
             return None
-        if self.suspects or len(self.queue) < self.queue.batch_size:
+        if self.suspects or len(lane.source) < lane.source.batch_size:
             return None
-        return self._still_wanted(self.queue.take_ready() or [])
+        return self._still_wanted(lane.source.take_ready() or [], lane.source)
 
     def _pop_answered(self, pending: deque[Exchange]) -> Exchange:
         """Take the answered batch off ``pending``; the worker starts on the one behind it
@@ -354,9 +387,9 @@ class Dispatcher:
         still holds one, or is retired or recycled."""
         if lane.pending or retire.is_set() or lane.recycling:
             return None
-        return self._take_ready()
+        return self._take_ready(lane.source)
 
-    def _still_wanted(self, jobs: list[Job]) -> list[Job]:
+    def _still_wanted(self, jobs: list[Job], source: BatchSource) -> list[Job]:
         """Drop requests answered while they waited (their client hung up, or their
         deadline passed), and shed those whose deadline the batch cannot meet: they never
         reach a worker."""
@@ -370,7 +403,7 @@ class Dispatcher:
         if self.delay_late:
             for job in late:
                 job.priority, job.deadline = LATE_PRIORITY, None
-            self.queue.put_front(late)
+            source.put_front(late)
             self.metrics.delayed(len(late))
         else:
             for job in late:
@@ -379,7 +412,7 @@ class Dispatcher:
                 )
         return [job for job in wanted if job not in late]
 
-    def _requeue_unstarted(self, jobs: list[Job], error: FerryError) -> None:
+    def _requeue_unstarted(self, jobs: list[Job], error: FerryError, source: BatchSource) -> None:
         """Requests a failed worker held but had not started on go back to the queue's
         front: nothing points at them, so the attempt does not count. ``MAX_RETURNS``
         bounds how often (workers that never read anything must not bounce them forever)."""
@@ -392,18 +425,20 @@ class Dispatcher:
             if job not in retry:
                 job.fail(error)
         if retry:
-            self.queue.put_front(retry)
+            source.put_front(retry)
 
-    def _take_ready(self) -> list[Job] | None:
+    def _take_ready(self, source: BatchSource) -> list[Job] | None:
         """A batch to send right now, suspects (one at a time) first."""
-        return self._still_wanted(self.suspects.take_ready() or self.queue.take_ready() or [])
+        return self._still_wanted(self.suspects.take_ready() or source.take_ready() or [], source)
 
-    async def _next_batch(self, worker: WorkerHandle, retire: asyncio.Event) -> list[Job] | None:
+    async def _next_batch(
+        self, worker: WorkerHandle, retire: asyncio.Event, source: BatchSource
+    ) -> list[Job] | None:
         """The next batch (a lone suspect first); None if the worker exited or its slot is
         retired first."""
-        takes: dict[asyncio.Future[list[Job]], BatchQueue[Job]] = {
+        takes: dict[asyncio.Future[list[Job]], BatchSource] = {
             asyncio.ensure_future(self.suspects.take_batch()): self.suspects,
-            asyncio.ensure_future(self.queue.take_batch()): self.queue,
+            asyncio.ensure_future(source.take_batch()): source,
         }
         retired = asyncio.ensure_future(retire.wait())
         self._idle_workers += 1
@@ -423,7 +458,7 @@ class Dispatcher:
         return chosen.result() if chosen is not None else None
 
     @staticmethod
-    def _give_back(takes: dict[asyncio.Future[list[Job]], BatchQueue[Job]], keep: object) -> None:
+    def _give_back(takes: dict[asyncio.Future[list[Job]], BatchSource], keep: object) -> None:
         """Cancel the takes other than ``keep``; jobs any of them took go back to the front
         of the queue they came from (cancelling take_batch itself takes nothing)."""
         for take, queue in takes.items():
@@ -568,8 +603,13 @@ class Dispatcher:
             for job in waiting:
                 job.fail(error)
             return
-        # A request that streamed parts is not run again: its client has them already.
-        suspects = [job for job in waiting if job.attempts < MAX_ATTEMPTS and not job.streamed]
+        # A request that streamed parts is not run again: its client has them already. Nor
+        # is one of a stateful sequence: the state it ran on died with the worker.
+        suspects = [
+            job
+            for job in waiting
+            if job.attempts < MAX_ATTEMPTS and not job.streamed and job.sequence_id is None
+        ]
         for job in waiting:
             if job not in suspects:
                 job.fail(error)
@@ -588,5 +628,6 @@ class Dispatcher:
 
     def fail_queued(self, error: FerryError) -> None:
         """Answer everything still queued (suspects included) with ``error``."""
-        for job in [*self.suspects.drain(), *self.queue.drain()]:
+        sequenced = self.sequences.drain() if self.sequences is not None else []
+        for job in [*self.suspects.drain(), *self.queue.drain(), *sequenced]:
             job.fail(error)

@@ -72,6 +72,8 @@ class Job:
     priority: int = 0
     """Higher goes into a batch first (x-ferry-priority); ``LATE_PRIORITY`` once it
     missed its deadline under ``deadlineAction: delay``."""
+    sequence_id: str | None = None
+    """The stateful sequence it belongs to (``ferry.scheduling.sequences``), if any."""
 
     def expire(self) -> None:
         """The deadline passed: answer now unless a worker already has the request."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
+from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
@@ -16,6 +17,12 @@ from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
 from ferry.scheduling.placement import worker_gpu
 from ferry.scheduling.pool import Backoff, PoolEvents, RecyclePolicy, WorkerPool, WorkerSlot
+from ferry.scheduling.sequences import (
+    SequenceBook,
+    SequenceSettings,
+    asks_to_end,
+    sequence_of,
+)
 from ferry.wire.messages import InputPart, RequestItem
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerFactory
@@ -49,6 +56,8 @@ class RunnerSettings:
     """Seconds a streamed answer may take in all (``stream_timeout``)."""
     cancel_grace: float = 5.0
     """Seconds a worker has to stop a stream nobody reads any more (``cancel_grace``)."""
+    sequences: SequenceSettings | None = None
+    """A stateful model's limits (``sequenceBatching``); None for any other model."""
 
 
 class _RunnerEvents(PoolEvents):
@@ -99,6 +108,16 @@ class ModelRunner:
             on_dispatch=self.metrics.batch_released,
             priority_of=lambda job: job.priority,
         )
+        self.sequences = (
+            None
+            if settings.sequences is None
+            else SequenceBook(
+                settings.sequences,
+                settings.batch_size,
+                settings.max_batch_delay,
+                wait_for_more=settings.batch_policy == "fixed_window",
+            )
+        )
         self.dispatcher = Dispatcher(
             name,
             self.queue,
@@ -107,6 +126,7 @@ class ModelRunner:
             delay_late=settings.deadline_action == "delay",
             stream_timeout=settings.stream_timeout,
             cancel_grace=settings.cancel_grace,
+            sequences=self.sequences,
         )
         self.pool = WorkerPool(
             f"{name} v{version}",
@@ -123,6 +143,8 @@ class ModelRunner:
     def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
         """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
         self.queue.set_policy(make_policy(name, latency_objective_ms))
+        if self.sequences is not None:
+            self.sequences.wait_for_more = name == "fixed_window"
         self.settings = dataclasses.replace(
             self.settings, batch_policy=name, latency_objective_ms=latency_objective_ms
         )
@@ -205,13 +227,23 @@ class ModelRunner:
             reason = self.last_error()
             detail = f": last load error: {reason}" if reason else ""
             raise NoWorkerAvailable(f"no worker is available for model {self.name}{detail}")
-        if len(self.queue) >= self.queue.capacity:
+        if self.sequences is None and len(self.queue) >= self.queue.capacity:
             raise Overloaded(f"queue full ({self.queue.capacity} requests waiting)")
 
     def submit(self, job: Job) -> None:
-        """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable``."""
+        """Queue a request; raises ``Overloaded`` or ``NoWorkerAvailable`` (and, for a
+        stateful model, ``SequenceEnded``)."""
         self.check_admission()
-        self.queue.put(job)
+        if self.sequences is None:
+            self.queue.put(job)
+            return
+        sequence_id = job.item.headers[SEQUENCE_ID_HEADER]
+        self.sequences.add(job, sequence_id, last=asks_to_end(job.item.headers))
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued, in the model's queue or its sequences."""
+        return len(self.queue) + (len(self.sequences) if self.sequences is not None else 0)
 
     def deadline_passed(self, job: Job) -> None:
         """``job``'s deadline passed: answered ``DeadlineExceeded`` now (``reject``), or
@@ -242,6 +274,8 @@ class ModelRunner:
         the others (``submit_alone``); ``envelope``: the request envelope its protocol is
         read with (``RequestItem.envelope``)."""
         loop = asyncio.get_running_loop()
+        if self.sequences is not None and not alone:
+            _, headers = sequence_of(headers)
         item = RequestItem(request_id, headers, parts, envelope)
         job = Job(item, loop.create_future(), on_part, priority=priority)
         expiry = None

@@ -21,6 +21,7 @@ from ferry.config.settings import (
 )
 from ferry.scheduling.model_runner import RunnerSettings
 from ferry.scheduling.pool import RecyclePolicy
+from ferry.scheduling.sequences import SequenceSettings
 
 
 class PinnedCores(Protocol):
@@ -111,12 +112,29 @@ def runner_settings(
         torch_threads=torch_threads(machine, max(1, workers), sharing_workers),
         gpu_ids=gpu_ids,
         max_workers=config.max_workers or workers,
+        sequences=sequence_settings(config, workers),
         recycle=RecyclePolicy(
             max_requests=config.max_requests_per_worker,
             max_rss_bytes=None
             if config.max_worker_memory_mb is None
             else config.max_worker_memory_mb << 20,
         ),
+    )
+
+
+def sequence_settings(config: ModelConfig, workers: int) -> SequenceSettings | None:
+    """A stateful model's limits (None for any other), with TorchServe's defaults: one
+    waiting request per sequence, and room for at least batchSize times maxWorkers
+    sequences."""
+    if not config.sequence_batching or not config.sequence_max_idle_ms:
+        return None
+    batch_size = config.batch_size or 1
+    floor = batch_size * max(workers, config.max_workers or 0)
+    return SequenceSettings(
+        max_sequences=max(config.max_num_sequence or 1, floor),
+        queue_size=config.max_sequence_job_queue_size or 1,
+        max_idle=config.sequence_max_idle_ms / 1000,
+        timeout=config.sequence_timeout_ms / 1000 if config.sequence_timeout_ms else None,
     )
 
 

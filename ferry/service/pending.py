@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from ferry.errors import DeadlineExceeded, ResponseTooLarge
+from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.jobs import Job, Prediction
 
@@ -44,19 +45,31 @@ class PendingPrediction:
         """Done when the request is answered or has failed."""
         return self.job.future
 
+    @property
+    def sequence_id(self) -> str | None:
+        """The stateful sequence the request joined (named by the server if the client
+        named none); None for a model without sequences."""
+        return self.job.sequence_id
+
     def cancel(self) -> None:
         """The transport no longer waits (its client or the server went away)."""
         self.job.future.cancel()
 
     def result(self) -> Prediction:
         """The answer once ``future`` is done; raises the request's ``FerryError``. Parts
-        streamed to no one (a transport that cannot stream) are joined before the last."""
+        streamed to no one (a transport that cannot stream) are joined before the last.
+        A stateful sequence's answer names it (``ts_request_sequence_id``), so a client
+        whose sequence the server named learns the name."""
         answer = self.job.future.result()
         body = b"".join([*self._joined, answer.body]) if self._joined else answer.body
         if len(body) > self._max_response_size:
             raise ResponseTooLarge(
                 f"response of {len(body)} bytes exceeds max_response_size {self._max_response_size}"
             )
+        sequence = self.job.sequence_id
+        if sequence is not None and SEQUENCE_ID_HEADER not in answer.headers:
+            headers = {**answer.headers, SEQUENCE_ID_HEADER: sequence}
+            return dataclasses.replace(answer, body=body, headers=headers)
         return dataclasses.replace(answer, body=body) if self._joined else answer
 
     def _settle(self, future: asyncio.Future[Prediction]) -> None:

@@ -78,7 +78,7 @@ def metrics_exposition(registry: ModelRegistry, metrics: FerryMetrics, gpus: int
             pid = slot.worker.info.pid if slot.worker is not None else None
             if pid is not None:
                 workers.append((f"{runner.name}/{runner.version}/w{slot.index}", pid))
-        runner.metrics.set_queue_and_workers(len(runner.queue), states)
+        runner.metrics.set_queue_and_workers(runner.waiting, states)
     metrics.record_processes(workers)
     metrics.record_host()
     if gpus:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.procinfo import resident_bytes
+from ferry.scheduling.model_runner import ModelRunner
 from ferry.scheduling.pool import SlotState, WorkerSlot
 from ferry.scheduling.registry import ModelVersion
 
@@ -98,7 +99,7 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         loaded_at_startup=entry.loaded_at_startup,
         workers=[_worker_status(slot) for slot in runner.slots],
         queue_capacity=runner.queue.capacity,
-        pending_requests=len(runner.queue),
+        pending_requests=runner.waiting,
         ready=runner.is_ready(),
         last_error=runner.last_error(),
         startup_timeout=runner.settings.startup_timeout,
@@ -106,4 +107,20 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         client_timeout_ms=runner.settings.client_timeout_ms,
         deadline_action=runner.settings.deadline_action,
         batch_policy=runner.queue.describe(),
+        extra=_sequence_fields(runner),
     )
+
+
+def _sequence_fields(runner: ModelRunner) -> dict[str, Any]:
+    """A stateful model's describe fields (TorchServe's names; ``openSequences``: Ferry)."""
+    limits, book = runner.settings.sequences, runner.sequences
+    if limits is None or book is None:
+        return {}
+    return {
+        "stateful": True,
+        "sequenceMaxIdleMSec": round(limits.max_idle * 1000),
+        "sequenceTimeoutMSec": round((limits.timeout or 0) * 1000),
+        "maxNumSequence": limits.max_sequences,
+        "maxSequenceJobQueueSize": limits.queue_size,
+        "openSequences": book.open_sequences,
+    }

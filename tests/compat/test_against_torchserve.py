@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,18 @@ import torch
 
 from benchmarks.common import detailed_photo
 from ferry.store.writer import ArchiveSpec, write_archive
-from tests.fixtures.models import DOUBLING_MODEL, HANDLERS, Doubler, ts_style_archive, write_config
+from tests.fixtures.models import (
+    DOUBLING_MODEL,
+    HANDLERS,
+    Doubler,
+    stateful_archive,
+    ts_style_archive,
+    write_config,
+)
 from tests.fixtures.server import RunningServer, ferry_server
 from tests.fixtures.torchserve import VENV_VARIABLE, torchserve_available, torchserve_server
 from tests.fixtures.vision_compat import digit_png, mnist_archive
-from tests.fixtures.workflows import pipeline_war
+from tests.fixtures.workflows import pipeline_war, tensor_war
 
 pytestmark = [
     pytest.mark.compat,
@@ -110,28 +118,48 @@ class TinyClassifier(nn.Sequential):
 """
 
 
-def _builtin_classifier_archive(store: Path) -> str:
-    """The built-in ``image_classifier`` over a small random CNN, labels in
-    index_to_name.json: what TorchServe's image classification tutorial archives hold."""
-    scratch = store / ".classifier-src"
+SEGMENTER_MODEL = """
+from torch import nn
+
+
+class TinySegmenter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.classes = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return {"out": self.classes(x)}
+"""
+
+
+def _vision_archive(
+    store: Path,
+    name: str,
+    handler: str,
+    source: str = CLASSIFIER_MODEL,
+    **config: object,
+) -> str:
+    """``handler`` (a built-in name or a handler of tests/fixtures/handlers) over the one
+    model class in ``source`` with random weights, labels in index_to_name.json: what
+    TorchServe's image classification tutorial archives hold."""
+    scratch = store / f".{name}-src"
     scratch.mkdir(parents=True, exist_ok=True)
-    (scratch / "classifier_model.py").write_text(CLASSIFIER_MODEL)
+    (scratch / f"{name}_model.py").write_text(source)
     namespace: dict[str, object] = {}
-    exec(CLASSIFIER_MODEL, namespace)  # the archive's own class, for its state dict
+    exec(source, namespace)  # the archive's own class, for its state dict
     torch.manual_seed(0)
-    model_class = namespace["TinyClassifier"]
+    model_class = next(v for k, v in namespace.items() if k.startswith("Tiny"))
     assert isinstance(model_class, type) and issubclass(model_class, torch.nn.Module)
-    model = model_class()
-    torch.save(model.state_dict(), scratch / "classifier.pt")
+    torch.save(model_class().state_dict(), scratch / f"{name}.pt")
     labels = {str(i): f"class{i}" for i in range(10)}
     (scratch / "index_to_name.json").write_text(json.dumps(labels))
     spec = ArchiveSpec(
-        model_name="classifier",
-        handler="image_classifier",
-        serialized_file=scratch / "classifier.pt",
-        model_file=scratch / "classifier_model.py",
+        model_name=name,
+        handler=handler if handler.isidentifier() else str(HANDLERS / handler),
+        serialized_file=scratch / f"{name}.pt",
+        model_file=scratch / f"{name}_model.py",
         extra_files=(scratch / "index_to_name.json",),
-        config_file=write_config(scratch, {"minWorkers": 1}),
+        config_file=write_config(scratch, {"minWorkers": 1, **config}),
     )
     return write_archive(spec, store, force=True).name
 
@@ -150,11 +178,23 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         f"describing={_plain_archive(store, 'describing', 'describing_handler.py')}",
         f"tensors={_plain_archive(store, 'tensors', 'ts_tensor_handler.py')}",
         f"raising={_plain_archive(store, 'raising', 'ts_raising_handler.py')}",
-        f"classifier={_builtin_classifier_archive(store)}",
+        f"classifier={_vision_archive(store, 'classifier', 'image_classifier')}",
+        "segmenter=" + _vision_archive(store, "segmenter", "image_segmenter", SEGMENTER_MODEL),
+        # TorchServe's micro-batching example: ImageClassifier with MicroBatching(self).
+        "microbatched="
+        + _vision_archive(
+            store,
+            "microbatched",
+            "ts_mb_classifier_handler.py",
+            batchSize=4,
+            micro_batching={"micro_batch_size": 2, "parallelism": {"preprocess": 2}},
+        ),
+        f"stateful={stateful_archive(store)}",
     ]
     # Registered through the management API by the tests, not loaded at start-up.
     ts_style_archive(store, name="second")
     pipeline_war(store)
+    tensor_war(store)
     (tmp / "ts").mkdir()
     (tmp / "ferry").mkdir()
     # Ferry caps worker processes of all models together (docs/security.md, "Resource limits":
@@ -322,6 +362,68 @@ def test_the_builtin_image_classifier_answers_the_same(
     assert all(abs(ours[label] - theirs[label]) < 1e-5 for label in theirs), f"{theirs}\n{ours}"
 
 
+def test_the_builtin_image_segmenter_answers_the_same(pair: Pair) -> None:
+    """Every pixel's class and probability (TorchServe's image_segmenter answer), on a
+    JPEG and a PNG: the same classes, probabilities within 1e-5."""
+    for size, fmt in (((1000, 667), "JPEG"), ((720, 720), "PNG")):
+        image = detailed_photo(*size, seed=size[1], fmt=fmt)
+        torchserve, ferry = _both(pair, "POST", "/predictions/segmenter", content=image)
+        assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
+        theirs = torch.tensor(torchserve.json())
+        ours = torch.tensor(ferry.json())
+        assert ours.shape == theirs.shape == (224, 224, 2)
+        assert torch.equal(ours[..., 0], theirs[..., 0]), f"{fmt}: classes differ"
+        assert (ours[..., 1] - theirs[..., 1]).abs().max() < 1e-5, fmt
+
+
+def test_torchserves_micro_batching_example_answers_the_same(pair: Pair) -> None:
+    """An ImageClassifier subclass whose __init__ only sets MicroBatching(self)."""
+    image = detailed_photo(640, 480, seed=7, fmt="JPEG")
+    torchserve, ferry = _both(pair, "POST", "/predictions/microbatched", content=image)
+    assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
+    theirs, ours = torchserve.json(), ferry.json()
+    assert isinstance(theirs, dict) and isinstance(ours, dict)
+    assert list(ours) == list(theirs), f"{theirs}\n{ours}"
+    assert all(abs(ours[label] - theirs[label]) < 1e-5 for label in theirs), f"{theirs}\n{ours}"
+
+
+def _sequence(server: RunningServer, name: str, numbers: list[int]) -> list[str]:
+    with server.client() as client:
+        return [
+            client.post(
+                "/predictions/stateful",
+                content=str(number).encode(),
+                headers={"ts_request_sequence_id": name},
+            ).text
+            for number in numbers
+        ]
+
+
+def test_stateful_sequences_answer_the_same(pair: Pair) -> None:
+    """TorchServe's own test of its sequence-batching example: two sequences at once."""
+    for server in (pair.torchserve, pair.ferry):
+        answers: dict[str, list[str]] = {}
+
+        def send(name: str, numbers: list[int], into: dict[str, list[str]] = answers) -> None:
+            into[name] = _sequence(server, name, numbers)  # noqa: B023
+
+        threads = [
+            threading.Thread(target=send, args=("seq_0", [1, 3, 5, 7, 9])),
+            threading.Thread(target=send, args=("seq_1", [2, 4, 6, 8, 10])),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert answers == {
+            "seq_0": ["1", "4", "9", "16", "25"],
+            "seq_1": ["2", "6", "12", "20", "30"],
+        }, server.url
+    # Without an id, each request is a sequence of its own, named by the server.
+    assert_same(*_both(pair, "POST", "/predictions/stateful", content=b"5"))
+    assert_same(*_both(pair, "POST", "/predictions/stateful", content=b"5"))
+
+
 def test_a_tensor_answer_is_the_same_torch_saved_tensor(pair: Pair) -> None:
     torchserve, ferry = _both(pair, "POST", "/predictions/tensors", content=b"[1.5, 2.0]")
     assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
@@ -442,6 +544,18 @@ def test_register_and_unregister_answer_the_same(pair: Pair) -> None:
 
 
 # -- workflows ---------------------------------------------------------------------------
+
+
+def test_a_workflow_passing_tensors_answers_the_same(pair: Pair) -> None:
+    """Nodes that hand tensors on (torch.save'd, as TorchServe's densenet workflow)."""
+    registered = _both(pair, "POST", "/workflows", api="management", params={"url": "tensors.war"})
+    assert_same(*registered)
+    try:
+        torchserve, ferry = _both(pair, "POST", "/wfpredict/tensors", content=b"[1.0, 2.0]")
+        assert torchserve.status == 200, torchserve
+        assert_same(torchserve, ferry)
+    finally:
+        assert_same(*_both(pair, "DELETE", "/workflows/tensors", api="management"))
 
 
 def test_workflow_answers_the_same(pair: Pair) -> None:

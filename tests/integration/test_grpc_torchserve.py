@@ -161,10 +161,20 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error(infer: Any) -> None:
     assert received == [b"x ", b"y "]
 
 
-def test_stream_predictions2_is_unimplemented(infer: Any) -> None:
-    requests = iter([inference.PredictionsRequest(model_name="doubler", sequence_id="s1")])
-    error = _error(lambda: list(infer.StreamPredictions2(requests, timeout=TIMEOUT)))
-    assert error.code() == Code.UNIMPLEMENTED
+def test_stream_predictions2_answers_each_message_in_order(infer: Any) -> None:
+    """On a model without sequences too (the sequence's own rules are in
+    test_stateful_sequences.py)."""
+    requests = iter(
+        [
+            inference.PredictionsRequest(
+                model_name="doubler", sequence_id="s1", input={"data": json.dumps([n]).encode()}
+            )
+            for n in (1, 2, 3)
+        ]
+    )
+    answers = list(infer.StreamPredictions2(requests, timeout=TIMEOUT))
+    assert [json.loads(a.prediction) for a in answers] == [[2.0], [4.0], [6.0]]
+    assert {a.sequence_id for a in answers} == {"s1"}
 
 
 # --- management ------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from ferry.config.sections import (
 )
 from ferry.errors import ArchiveError, ConfigError, ModelConfigError
 from ferry.handlers.builtin.optimize import DTYPES, Optimizations
+from ferry.scheduling.sequences import SequenceSettings
+from ferry.scheduling.sizing import sequence_settings
 from ferry.store.archive import open_model
 from ferry.worker.pipeline import PipelineSettings
 from tests.fixtures.models import digest_archive
@@ -88,6 +90,34 @@ def test_deadline_action_is_read() -> None:
     config = parse_model_config({"deadlineAction": "delay"}, source="t")
     assert config.deadline_action == "delay"
     assert parse_model_config({}, source="t").deadline_action is None
+
+
+def test_sequence_batching_keys_become_the_sequence_limits() -> None:
+    document = {
+        "sequenceBatching": True,
+        "sequenceMaxIdleMSec": 5000,
+        "sequenceTimeoutMSec": 60000,
+        "maxNumSequence": 4,
+        "maxSequenceJobQueueSize": 10,
+        "batchSize": 4,
+        "maxWorkers": 2,
+    }
+    config = parse_model_config(document, source="t")
+    # TorchServe's floor for maxNumSequence: batchSize times maxWorkers.
+    assert sequence_settings(config, workers=1) == SequenceSettings(
+        max_sequences=8, queue_size=10, max_idle=5.0, timeout=60.0
+    )
+    defaults = parse_model_config({"sequenceBatching": True, "sequenceMaxIdleMSec": 10}, source="t")
+    assert sequence_settings(defaults, workers=3) == SequenceSettings(3, 1, 0.01, None)
+    assert sequence_settings(parse_model_config({}, source="t"), workers=1) is None
+
+
+def test_sequence_batching_without_an_idle_limit_is_refused() -> None:
+    # TorchServe accepts it and then refuses every request of the model.
+    with pytest.raises(ModelConfigError, match="sequenceMaxIdleMSec above 0"):
+        parse_model_config({"sequenceBatching": True}, source="t")
+    with pytest.raises(ModelConfigError, match="sequenceBatching: expected true or false"):
+        parse_model_config({"sequenceBatching": "yes"}, source="t")
 
 
 def test_absent_sections_are_defaults() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,14 @@ from ferry.config.image_limits import ImageLimits
 from ferry.config.settings import ModelMetric
 from ferry.handlers.contract.exceptions import RequestCancelled
 from ferry.handlers.contract.metrics import HandlerMetrics
+
+SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+"""The request header naming a stateful model's sequence (``sequenceBatching``)."""
+SEQUENCE_START_HEADER = "ts_request_sequence_start"
+"""``true`` on a sequence's first request when the server named the sequence."""
+SEQUENCE_END_HEADER = "ts_request_sequence_end"
+"""On a request: its client's last of the sequence (Ferry). On an answer: the sequences
+(``;``-separated) the handler ends."""
 
 
 class RequestProcessor:
@@ -109,6 +118,15 @@ class Context:
         """Parts streamed while no worker listens (a handler's unit test reads them here)."""
         self._partial_sender: PartialSender | None = None
         self._cancelled: Callable[[str], bool] = _never
+        # The headers of stateful sequences, named as TorchServe's (and, as there, by
+        # the environment variables TS_REQUEST_SEQUENCE_ID/_START/_END if set).
+        self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", SEQUENCE_ID_HEADER)
+        self.header_key_sequence_start = os.getenv(
+            "TS_REQUEST_SEQUENCE_START", SEQUENCE_START_HEADER
+        )
+        self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", SEQUENCE_END_HEADER)
+        self.stopping_criteria: Any = None
+        """TorchServe's continuous-batching hook; kept for handlers that set it."""
 
     def stream_to(
         self, sender: PartialSender | None, cancelled: Callable[[str], bool] | None = None
@@ -153,6 +171,10 @@ class Context:
 
     def get_request_id(self, idx: int = 0) -> str | None:
         return self.request_ids.get(idx)
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        """The stateful sequence request ``idx`` belongs to (``sequenceBatching``)."""
+        return self.get_request_header(idx, self.header_key_sequence_id)
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         return self.request_processor[idx].get_request_property(key)
