@@ -76,13 +76,23 @@ def encode(data: list[Any], datatype: str) -> bytes:
     """Flat elements as little-endian bytes (``struct.error``, ``TypeError`` or
     ``ValueError`` when one is not of ``datatype``)."""
     if datatype == "BYTES":
-        items = [v.encode() if isinstance(v, str) else bytes(v) for v in data]
+        items = [_element_bytes(v) for v in data]
         return b"".join(struct.pack("<I", len(item)) + item for item in items)
     if datatype == "BF16":
         words = [struct.unpack("<I", struct.pack("<f", v))[0] >> 16 for v in data]
         return struct.pack(f"<{len(words)}H", *words)
     code, _, _ = FIXED_TYPES[datatype]
     return struct.pack(f"<{len(data)}{code}", *data)
+
+
+def _element_bytes(value: Any) -> bytes:
+    """One BYTES element: text as UTF-8, bytes as they are, a JSON value (an object a
+    TorchServe envelope answers) as its JSON."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, dict | list):
+        return json.dumps(value).encode()
+    return bytes(value)
 
 
 def _bytes_elements(raw: bytes | memoryview, name: str) -> Iterator[memoryview]:

@@ -7,6 +7,7 @@ Both servers read one model store. Needs TorchServe in its own virtual environme
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import threading
@@ -422,6 +423,55 @@ def test_stateful_sequences_answer_the_same(pair: Pair) -> None:
     # Without an id, each request is a sequence of its own, named by the server.
     assert_same(*_both(pair, "POST", "/predictions/stateful", content=b"5"))
     assert_same(*_both(pair, "POST", "/predictions/stateful", content=b"5"))
+
+
+@pytest.fixture(scope="module")
+def kservev2_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """The built-in image_classifier on TorchServe with ``service_envelope=kservev2`` (how
+    its KServe integration runs) and on Ferry with no setting: Ferry's V2 route reads
+    the kservev2 envelope by itself."""
+    tmp = tmp_path_factory.mktemp("compat_v2")
+    store = tmp / "store"
+    store.mkdir()
+    models = [f"classifier={_vision_archive(store, 'classifier', 'image_classifier')}"]
+    (tmp / "ts").mkdir()
+    (tmp / "ferry").mkdir()
+    envelope = {"service_envelope": "kservev2"}
+    with (
+        torchserve_server(store, models, tmp / "ts", properties=envelope) as torchserve,
+        ferry_server(store, models, tmp / "ferry") as ferry,
+    ):
+        yield Pair(torchserve, ferry)
+
+
+def test_a_v2_bytes_request_of_shape_minus_one_answers_the_same(kservev2_pair: Pair) -> None:
+    """TorchServe's own KServe sample (mnist_v2_bytes.json): one base64 image, shape [-1]."""
+    image = detailed_photo(640, 480, seed=5, fmt="JPEG")
+    encoded = base64.b64encode(image).decode()
+    request = {
+        "id": "d3b15cad-50a2-4eaf-80ce-8b0a428bd298",
+        "inputs": [{"name": "image", "shape": [-1], "datatype": "BYTES", "data": [encoded]}],
+    }
+    body = json.dumps(request).encode()
+    torchserve, ferry = _both(
+        kservev2_pair,
+        "POST",
+        "/v2/models/classifier/infer",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert torchserve.status == ferry.status == 200, f"{torchserve}\n{ferry}"
+    theirs, ours = torchserve.json(), ferry.json()
+    assert isinstance(theirs, dict) and isinstance(ours, dict)
+    classes_theirs = theirs["outputs"][0].pop("data")
+    classes_ours = ours["outputs"][0].pop("data")
+    # id, model name and version, output name, shape and type: BYTES, the answer's object
+    assert ours == theirs
+    assert len(classes_ours) == len(classes_theirs) == 1
+    top_theirs, top_ours = classes_theirs[0], classes_ours[0]
+    assert isinstance(top_ours, dict) and isinstance(top_theirs, dict)
+    assert list(top_ours) == list(top_theirs)
+    assert all(abs(top_ours[k] - top_theirs[k]) < 1e-5 for k in top_theirs), f"{theirs}\n{ours}"
 
 
 def test_a_tensor_answer_is_the_same_torch_saved_tensor(pair: Pair) -> None:

@@ -86,10 +86,10 @@ def _v2(png: bytes) -> dict[str, Any]:
 
 def _v2_classes(document: dict[str, Any]) -> dict[str, float]:
     """The classifier's answer for the one image: the envelope's one BYTES output, named
-    after the input, holding the answer's JSON."""
+    after the input, holding the answer's object (as TorchServe's envelope answers)."""
     (output,) = document["outputs"]
     assert (output["name"], output["datatype"], output["shape"]) == ("image", "BYTES", [1])
-    classes: dict[str, float] = json.loads(output["data"][0])
+    classes: dict[str, float] = output["data"][0]
     return classes
 
 

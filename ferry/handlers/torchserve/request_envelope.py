@@ -246,7 +246,9 @@ def _typed_flat(answer: Any) -> tuple[str, list[Any]]:
         return "INT64", flat
     if all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
         return "FP64", flat
-    return "BYTES", [v if isinstance(v, str) else json.dumps(v) for v in flat]
+    # Anything else as it is, a dict staying a JSON object: TorchServe's numpy typing
+    # makes it one object element of a BYTES output, and its clients read it so.
+    return "BYTES", flat
 
 
 ENVELOPES: dict[str, type[BaseEnvelope]] = {
