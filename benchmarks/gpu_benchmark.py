@@ -8,12 +8,19 @@ One run, on a machine with a CUDA GPU (and a CUDA build of torch):
   ``optimization:`` as the server (fp16, channels_last), fed a batch already on the GPU,
   at each batch size; the best throughput and its batch size are the limit;
 - server: one ``ferry serve``, one worker on the GPU, batch size = the offline best, the
-  same TorchScript file behind several models, concurrency = 2 x batch size:
-  - ``tensor``: raw uint8 pixels per request (no decoding), sequential stages and with
-    ``micro_batching`` (the pipeline: pinned uploads overlapping inference);
+  same TorchScript file behind several models, concurrency = 2 x batch size, batch sizes
+  padded to power-of-two buckets (``batch_buckets``) so that TorchScript never
+  re-specialises for the sizes 1..B a server sees:
+  - ``tensor``: raw uint8 pixels per request (no decoding), sequential stages at the
+    batch size and at the micro-batch size, and with ``micro_batching`` (the pipeline:
+    pinned uploads overlapping inference, the model at the micro-batch size): pipelined
+    against sequential at the same model batch size is the pipeline's own gain;
   - ``jpeg``: the built-in image_classifier on 480 px JPEGs, sequential and pipelined, and
     with ``gpu_decode`` when torchvision is importable.
-Rounds alternate the models; medians and the ratios to the offline limit are reported.
+Rounds alternate the models and last at least ``--round-seconds`` each (requests per
+round from the offline limit); the load comes from ``--clients`` processes. The CPU time
+of the clients and of the server (frontend and workers) is measured per round, so that a
+ratio below the limit can be put down to the GPU, the server's CPU or the load generator.
 
 ``--device cpu --model resnet18 --precision fp32 --batches 1 4`` runs the same script on a
 CPU as a smoke check of the script; its figures say nothing about GPUs.
@@ -22,11 +29,15 @@ CPU as a smoke check of the script; its figures say nothing about GPUs.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +47,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import alternating_rounds, jpeg_inputs, machine_description, publish
-from benchmarks.server import ferry_server
+from benchmarks.common import closed_loop, jpeg_inputs, machine_description, publish
+from benchmarks.server import BenchmarkServer, ferry_server
 from examples.models.resnet import resnet18, resnet50
+from ferry.config.settings import available_cores
 from ferry.handlers.builtin.gpu_decode import load_gpu_jpeg_decoder
 from ferry.handlers.builtin.model_loading import load_model
 from ferry.handlers.builtin.optimize import Optimizations, optimize_model, prepare_input
+from ferry.procinfo import cpu_seconds, descendants
 from ferry.store.writer import ArchiveSpec, write_archive
 
 HANDLERS = Path(__file__).resolve().parent / "handlers"
@@ -68,11 +81,23 @@ def trace(model_name: str, folder: Path) -> Path:
     return path
 
 
+def buckets(batch: int) -> list[int]:
+    """Powers of two up to ``batch``, and ``batch``: the sizes batches are padded to.
+
+    >>> buckets(48)
+    [1, 2, 4, 8, 16, 32, 48]
+    """
+    sizes = [1 << n for n in range(batch.bit_length()) if 1 << n < batch]
+    return [*sizes, batch]
+
+
 def optimization(precision: str, batch: int) -> dict[str, Any]:
+    sizes = buckets(batch)
     return {
         "precision": precision,
         "channels_last": True,
-        "warmup": {"input_shape": [3, 224, 224], "batch_sizes": [1, batch]},
+        "batch_buckets": sizes,
+        "warmup": {"input_shape": [3, 224, 224], "batch_sizes": sizes},
     }
 
 
@@ -119,8 +144,9 @@ def server_models(
     store: Path, weights: Path, args: argparse.Namespace, batch: int, device: torch.device
 ) -> dict[str, tuple[str, str]]:
     """name -> (archive, request content type) for each served variant."""
+    micro = max(1, batch // 4)
     pipeline = {
-        "micro_batch_size": max(1, batch // 4),
+        "micro_batch_size": micro,
         "parallelism": {"preprocess": args.preprocess_threads, "inference": 1, "postprocess": 1},
     }
     base = {
@@ -131,9 +157,13 @@ def server_models(
         "deviceType": "gpu" if device.type == "cuda" else "cpu",
         "optimization": optimization(args.precision, batch),
     }
+    at_micro = {**base, "batchSize": micro, "optimization": optimization(args.precision, micro)}
     tensor_handler = str(HANDLERS / "tensor_classifier.py")
     variants: dict[str, tuple[str, dict[str, Any], str]] = {
         "tensor-sequential": (tensor_handler, base, "application/octet-stream"),
+        # The model at the pipeline's micro-batch size, stages in sequence: what the
+        # pipeline is compared with (same model batch size, no overlap).
+        "tensor-sequential-micro": (tensor_handler, at_micro, "application/octet-stream"),
         "tensor-pipelined": (
             tensor_handler,
             {**base, "micro_batching": pipeline},
@@ -169,7 +199,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--preprocess-threads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=2000, help="per round, at least")
+    parser.add_argument("--round-seconds", type=float, default=10.0, help="per round, at least")
+    parser.add_argument("--clients", type=int, default=2, help="load generator processes")
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -189,16 +221,93 @@ def main() -> None:
         "image/jpeg": jpeg_inputs(64, 480),
     }
     specs = [f"{name}={archive_name}" for name, (archive_name, _) in models.items()]
+    # At the offline limit's rate, this many requests take round_seconds: no fewer.
+    requests = max(args.requests, int(limit[best_batch] * args.round_seconds))
     with ferry_server(store, specs, tmp, "--access-log", "false") as server:
-        figures = alternating_rounds(
-            server.url,
+        rounds = measured_rounds(
+            server,
             {name: (payloads[kind], kind) for name, (_, kind) in models.items()},
             concurrency,
-            args.requests,
-            args.rounds,
-            "img/s",
+            requests,
+            args,
         )
-    report(args, device, limit, best_batch, concurrency, figures)
+    report(args, device, limit, best_batch, concurrency, requests, rounds)
+
+
+@dataclass
+class Round:
+    """One model's round: its throughput and the CPU it took."""
+
+    images_per_second: float
+    seconds: float
+    client_cpu: float
+    """CPU seconds of the load generator processes."""
+    server_cpu: float
+    """CPU seconds of the server: frontend and workers."""
+
+    def cores(self, cpu: float) -> float:
+        return cpu / self.seconds
+
+
+def _load_process(
+    url: str, payloads: list[bytes], concurrency: int, requests: int, kind: str
+) -> float:
+    """One load generator process's closed loop; the CPU seconds it took."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    closed_loop(url, payloads, concurrency, requests, kind)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _server_cpu(pid: int) -> float:
+    return sum(cpu_seconds(p) for p in (pid, *descendants(pid)))
+
+
+def measured_rounds(
+    server: BenchmarkServer,
+    models: dict[str, tuple[list[bytes], str]],
+    concurrency: int,
+    requests: int,
+    args: argparse.Namespace,
+) -> dict[str, list[Round]]:
+    """Each model's rounds, in alternating order, after a warm-up; the load split over
+    ``args.clients`` fresh processes (one Python client cannot load a GPU server)."""
+    clients = max(1, args.clients)
+    rounds: dict[str, list[Round]] = {name: [] for name in models}
+    with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for index in range(args.rounds + 1):  # round 0 warms up
+            order = list(models) if index % 2 == 0 else list(reversed(models))
+            for name in order:
+                payloads, kind = models[name]
+                url = f"{server.url}/predictions/{name}"
+                share = requests if index else 2 * concurrency
+                server_before, start = _server_cpu(server.pid), time.perf_counter()
+                futures = [
+                    pool.submit(
+                        _load_process,
+                        url,
+                        payloads,
+                        max(1, concurrency // clients),
+                        max(1, share // clients),
+                        kind,
+                    )
+                    for _ in range(clients)
+                ]
+                client_cpu = [future.result() for future in futures]
+                seconds = time.perf_counter() - start
+                if index == 0:
+                    continue
+                measured = Round(
+                    clients * (share // clients) / seconds,
+                    seconds,
+                    sum(client_cpu),
+                    _server_cpu(server.pid) - server_before,
+                )
+                rounds[name].append(measured)
+            if index:
+                summary = ", ".join(f"{n} {rounds[n][-1].images_per_second:.0f}" for n in models)
+                print(f"round {index}: {summary} img/s", flush=True)
+    return rounds
 
 
 def report(
@@ -207,18 +316,27 @@ def report(
     limit: dict[int, float],
     best_batch: int,
     concurrency: int,
-    figures: dict[str, list[float]],
+    requests: int,
+    rounds: dict[str, list[Round]],
 ) -> None:
     best = limit[best_batch]
-    med = {name: statistics.median(values) for name, values in figures.items()}
+    med = {
+        name: statistics.median(r.images_per_second for r in runs) for name, runs in rounds.items()
+    }
+
+    def cores(runs: list[Round], server: bool) -> float:
+        return statistics.median(r.cores(r.server_cpu if server else r.client_cpu) for r in runs)
+
     lines = [
         f"# {args.model} {args.precision} through the server against the offline limit",
         "",
         f"Machine: {machine_description()}. GPU: {gpu_description(device)}.",
         f"Produced by `benchmarks/gpu_benchmark.py` in one run: {args.rounds} rounds of "
-        f"{args.requests} requests per model, alternating order; {args.workers} worker(s), "
-        f"batch size {best_batch} (the offline best), concurrency {concurrency}, "
-        "`channels_last`, access log off.",
+        f"{requests} requests per model (at least {args.round_seconds:g} s each at the "
+        f"offline limit's rate), alternating order; {args.clients} load generator processes; "
+        f"{args.workers} worker(s), batch size {best_batch} (the offline best, padded to "
+        f"buckets {buckets(best_batch)}), concurrency {concurrency}, `channels_last`, "
+        "access log off.",
         "",
         "Offline limit (model alone, batch already on the device):",
         "",
@@ -226,15 +344,34 @@ def report(
         "|---|---|",
         *(f"| {batch} | {rate:.0f} |" for batch, rate in limit.items()),
         "",
-        "| through the server | median images/s | / offline limit |",
-        "|---|---|---|",
-        *(f"| {name} | {rate:.0f} | {rate / best:.2f}x |" for name, rate in med.items()),
+        "CPU in cores (CPU seconds per second of the round): a server or client column near",
+        f"its core count ({available_cores()} here) means that side, not the GPU, set the pace.",
+        "",
+        "| through the server | median images/s | / offline limit | server CPU | client CPU |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {name} | {rate:.0f} | {rate / best:.2f}x | {cores(rounds[name], True):.2f} "
+            f"| {cores(rounds[name], False):.2f} |"
+            for name, rate in med.items()
+        ),
         "",
     ]
-    for kind in ("tensor", "jpeg"):
-        sequential, pipelined = med.get(f"{kind}-sequential"), med.get(f"{kind}-pipelined")
-        if sequential and pipelined:
-            lines.append(f"- {kind}: pipelined / sequential = {pipelined / sequential:.2f}x")
+    pairs = [
+        (
+            "tensor",
+            "tensor-pipelined",
+            "tensor-sequential-micro",
+            "the model at the micro-batch size",
+        ),
+        ("tensor", "tensor-pipelined", "tensor-sequential", "model at the batch size"),
+        ("jpeg", "jpeg-pipelined", "jpeg-sequential", "model at the batch size"),
+    ]
+    for kind, pipelined, sequential, note in pairs:
+        if med.get(pipelined) and med.get(sequential):
+            lines.append(
+                f"- {kind}: pipelined / sequential ({note}) = "
+                f"{med[pipelined] / med[sequential]:.2f}x"
+            )
     publish(args.out, lines)
 
 

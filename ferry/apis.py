@@ -50,7 +50,8 @@ def usable_gpus(limit: int | None) -> int:
     """The GPUs torch sees, at most ``number_of_gpu`` of them."""
     import torch
 
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # device_count asks NVML first: the frontend never initialises CUDA (workers own it).
+    visible = torch.cuda.device_count()
     return visible if limit is None else min(visible, limit)
 
 

@@ -25,6 +25,9 @@ case "$MODE" in
         # torch first and pinned, so that installing Ferry keeps this build of it.
         "${PIP[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
             "torch==${TORCH_VERSION:-2.13.0}"
+        # The build asked for, not one pip fell back to (a CUDA index without that version).
+        "$VENV/bin/python" "$ROOT/scripts/check_torch_build.py" \
+            "${TORCH_VERSION:-2.13.0}" "${TORCH_INDEX_URL:-}"
         "${PIP[@]}" "$ROOT[grpc,explain]"
         ;;
     *)

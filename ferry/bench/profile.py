@@ -3,7 +3,6 @@ batch size, for the whole handler and for the model alone."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import statistics
@@ -23,7 +22,6 @@ from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
 from ferry.worker import loading
 
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_GAIN = 1.03
 """Automatic batch sizes stop once time per item improved by less than this, twice."""
 NOISY_SPREAD = 0.5
@@ -124,16 +122,6 @@ class _MemoryProbe:
         return max(0, self.peak - self.base) / 2**20
 
 
-@contextlib.contextmanager
-def _precision(device: torch.device, precision: str) -> Iterator[None]:
-    dtype = PRECISIONS[precision]
-    if dtype is None:
-        yield
-        return
-    with torch.autocast(device_type=device.type, dtype=dtype):
-        yield
-
-
 MIN_RUNS = 5
 """Timed runs per point at least, however long each takes: a spread needs several."""
 
@@ -210,7 +198,7 @@ def profile_batch(
     context.start_batch([f"p{i}" for i in range(batch)], [{} for _ in range(batch)])
 
     def whole() -> Any:
-        with _precision(loaded.device, precision), torch.inference_mode():
+        with torch.inference_mode():
             return loaded.entry(rows, context)
 
     memory = _MemoryProbe(loaded.device)
@@ -224,10 +212,13 @@ def profile_batch(
         and getattr(service, "model", None) is not None
     ):
         tensor = service.preprocess(rows)
+        # What the worker runs: the handler's inference (a BaseHandler's casts its input,
+        # pads it to its bucket and replays its CUDA graphs), not the bare model.
+        infer = getattr(service, "inference", None) or service.model
 
         def model_alone() -> Any:
-            with _precision(loaded.device, precision), torch.inference_mode():
-                return service.model(tensor)
+            with torch.inference_mode():
+                return infer(tensor)
 
         memory = _MemoryProbe(loaded.device)
         timings = _time(model_alone, seconds, loaded.device, memory)

@@ -39,7 +39,13 @@ from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
 from ferry.scheduling.sequences import SequenceBook
 from ferry.wire.codec import ProtocolError
-from ferry.wire.messages import BatchResult, ItemResult, PartialResult, PredictBatch
+from ferry.wire.messages import (
+    DEVICE_FAILED_EXIT,
+    BatchResult,
+    ItemResult,
+    PartialResult,
+    PredictBatch,
+)
 from ferry.worker_handles.handle import WorkerGone, WorkerHandle
 
 log = logging.getLogger("ferry.scheduling")
@@ -280,7 +286,8 @@ class Dispatcher:
         except TimeoutError:
             error, lone_is_culprit = self._timed_out(worker, lane), True
         except WorkerGone:
-            error, lone_is_culprit = await self._gone(worker, lane)
+            status = await self._exit_status(worker, lane)
+            error, lone_is_culprit = self._gone(worker, lane, status)
         except Exception:
             # A garbled frame, a mismatched protocol version or a bug in delivery: the
             # worker's state is unknown, so it goes, and what it held is retried.
@@ -304,7 +311,15 @@ class Dispatcher:
         )
         return ResponseTimeout(f"model {self.name} {reason}")
 
-    async def _gone(self, worker: WorkerHandle, lane: Lane) -> tuple[FerryError, bool]:
+    async def _exit_status(self, worker: WorkerHandle, lane: Lane) -> object:
+        """A dead worker's exit status (None if it does not come in time)."""
+        try:
+            return await self._status(worker)
+        except asyncio.CancelledError:
+            self._shutting_down(lane.held.pop_all())
+            raise
+
+    def _gone(self, worker: WorkerHandle, lane: Lane, status: object) -> tuple[FerryError, bool]:
         """The error for what a dead worker held, and whether a lone request is taken
         for the culprit: not when the worker was killed from outside (SIGKILL or SIGTERM
         from an operator or the OOM killer), where the batch need not be the cause, so
@@ -315,12 +330,13 @@ class Dispatcher:
             worker.info.pid,
             lane.started_count(),
         )
-        try:
-            external = await self._killed_from_outside(worker)
-        except asyncio.CancelledError:
-            self._shutting_down(lane.held.pop_all())
-            raise
-        return self._died(), not external
+        if status == DEVICE_FAILED_EXIT:
+            error = WorkerDied(
+                f"the GPU of a worker of model {self.name} failed while handling the request "
+                "(a device-side assert or illegal memory access: see the worker's log)"
+            )
+            return error, True
+        return self._died(), status not in (-signal.SIGKILL, -signal.SIGTERM)
 
     def _shutting_down(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -584,14 +600,13 @@ class Dispatcher:
         return WorkerDied(f"worker of model {self.name} died while handling the request")
 
     @staticmethod
-    async def _killed_from_outside(worker: WorkerHandle) -> bool:
-        """Whether the worker was ended by SIGKILL or SIGTERM (its exit status, awaited for
-        a bounded moment: the connection closes just before the process is reaped)."""
+    async def _status(worker: WorkerHandle) -> object:
+        """The worker's exit status, awaited for a bounded moment (the connection closes
+        just before the process is reaped); None if it does not come."""
         try:
-            status = await asyncio.wait_for(asyncio.shield(worker.exited), EXIT_STATUS_WAIT)
+            return await asyncio.wait_for(asyncio.shield(worker.exited), EXIT_STATUS_WAIT)
         except TimeoutError:
-            return False
-        return status in (-signal.SIGKILL, -signal.SIGTERM)
+            return None
 
     def _isolate_or_fail(
         self, jobs: list[Job], error: FerryError, *, lone_is_culprit: bool = True

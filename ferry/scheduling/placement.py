@@ -38,6 +38,17 @@ def model_gpus(
     return tuple((first + offset) % usable for offset in range(usable))
 
 
+def model_gpu_count(usable: int, device_type: str | None, device_ids: tuple[int, ...]) -> int:
+    """How many GPUs ``model_gpus`` gives the model (it alone says whether ids are valid).
+
+    >>> model_gpu_count(8, None, ()), model_gpu_count(8, None, (1,)), model_gpu_count(8, "cpu", ())
+    (8, 1, 0)
+    """
+    if device_type == "cpu" or usable == 0:
+        return 0
+    return len(device_ids) if device_ids else usable
+
+
 def worker_gpu(gpus: tuple[int, ...], worker_index: int) -> int | None:
     """The GPU of a model's ``worker_index``-th worker (None: CPU)."""
     return gpus[worker_index % len(gpus)] if gpus else None

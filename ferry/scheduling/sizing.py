@@ -20,6 +20,7 @@ from ferry.config.settings import (
     threads_per_worker,
 )
 from ferry.scheduling.model_runner import RunnerSettings
+from ferry.scheduling.placement import model_gpu_count
 from ferry.scheduling.pool import RecyclePolicy
 from ferry.scheduling.sequences import SequenceSettings
 
@@ -50,10 +51,12 @@ class Machine:
 
 def worker_count(config: ModelConfig, settings: ServerSettings, machine: Machine) -> int:
     """``minWorkers``, else the server's ``default_workers_per_model``, else one per GPU
-    (one on a CPU, since torch already uses every core)."""
+    the model runs on (its ``deviceIds``, or every usable one; one on a CPU, since torch
+    already uses every core)."""
     if config.min_workers is not None:
         return config.min_workers
-    default = default_workers_per_model(machine.core_count, machine.gpus)
+    gpus = model_gpu_count(machine.gpus, config.device_type, config.device_ids)
+    default = default_workers_per_model(machine.core_count, gpus)
     return settings.default_workers_per_model or default
 
 
@@ -138,15 +141,23 @@ def sequence_settings(config: ModelConfig, workers: int) -> SequenceSettings | N
     )
 
 
+DEFAULT_STARTUP_TIMEOUT = 120.0
+AUTOTUNE_STARTUP_TIMEOUT = 900.0
+"""``compile: max-autotune`` benchmarks kernel choices at load: minutes per batch size."""
+
+
 def startup_timeout(config: ModelConfig, requested: float | None) -> float:
     """TorchServe's precedence: model-config.yaml's ``startupTimeout``, then the
     registration's ``startup_timeout`` (0 included: no worker can start in time), then at
-    least 120 s and never less than ``responseTimeout``."""
+    least 120 s (900 s under ``compile: max-autotune``) and never less than
+    ``responseTimeout``."""
     if config.startup_timeout:
         return config.startup_timeout
     if requested is not None:
         return requested
-    return max(120.0, config.response_timeout or 0.0)
+    autotunes = config.optimization.compile_mode == "max-autotune"
+    floor = AUTOTUNE_STARTUP_TIMEOUT if autotunes else DEFAULT_STARTUP_TIMEOUT
+    return max(floor, config.response_timeout or 0.0)
 
 
 def worker_limit(settings: ServerSettings, host_cores: int) -> int:

@@ -20,6 +20,37 @@ def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
     return {**GLIBC_MALLOC_SETTINGS, **base, "PYTHONUNBUFFERED": "1"}
 
 
+BOUND_GPU = "FERRY_WORKER_GPU"
+"""Set in a worker bound to one GPU: the machine's index of that GPU (describe's)."""
+
+
+def gpu_environment(gpu: int, parent: Mapping[str, str]) -> dict[str, str]:
+    """What binds a worker to GPU ``gpu`` (the server's index): that GPU is the only one
+    it sees, as ``cuda:0``, in every thread it or its handler starts. Under a
+    ``CUDA_VISIBLE_DEVICES`` of the server's own, ``gpu`` indexes that list.
+
+    >>> gpu_environment(1, {})
+    {'CUDA_VISIBLE_DEVICES': '1', 'FERRY_WORKER_GPU': '1'}
+    >>> gpu_environment(1, {"CUDA_VISIBLE_DEVICES": "4,GPU-8f2c"})
+    {'CUDA_VISIBLE_DEVICES': 'GPU-8f2c', 'FERRY_WORKER_GPU': '1'}
+    """
+    visible = [d.strip() for d in parent.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    device = visible[gpu] if gpu < len(visible) else str(gpu)
+    return {"CUDA_VISIBLE_DEVICES": device, BOUND_GPU: str(gpu)}
+
+
+def handler_gpu(gpu: int | None, environ: Mapping[str, str]) -> int | None:
+    """The GPU index a handler is given (``gpu_id``): 0 in a worker bound to its GPU (the
+    only one it sees), so TorchServe's ``cuda:{gpu_id}`` is that GPU.
+
+    >>> handler_gpu(3, {BOUND_GPU: "3"}), handler_gpu(3, {}), handler_gpu(None, {})
+    (0, 3, None)
+    """
+    if gpu is None or BOUND_GPU not in environ:
+        return gpu
+    return 0
+
+
 USER_AFFINITY = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 """Variables by which a user pins threads themselves: with any set, Ferry pins nothing."""
 

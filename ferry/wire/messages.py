@@ -16,6 +16,11 @@ PROTOCOL_VERSION = 5
 5: each ``RequestItem`` carries the request envelope its protocol is read with."""
 
 
+DEVICE_FAILED_EXIT = 70
+"""A worker's exit status after a sticky GPU error (``ferry.worker.device_failure``): it
+left the batch that met the error unanswered, as a crash would."""
+
+
 @dataclass(frozen=True)
 class InputPart:
     """One input of a request: the raw body (``name="body"``) or one form field."""

@@ -13,8 +13,9 @@ import socket
 import threading
 
 from ferry.wire import codec, log_forward
-from ferry.wire.environment import user_pins_threads
+from ferry.wire.environment import BOUND_GPU, handler_gpu, user_pins_threads
 from ferry.wire.messages import (
+    DEVICE_FAILED_EXIT,
     Message,
     StartWorker,
     WorkerLoadFailed,
@@ -59,7 +60,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         spec.manifest,
         spec.model_yaml_config,
         batch_size=spec.batch_size,
-        gpu_id=spec.gpu_id,
+        gpu_id=handler_gpu(spec.gpu_id, os.environ),
         name=spec.model_name,
         image_limits=spec.image_limits,
         package_dirs=spec.package_dirs,
@@ -72,11 +73,14 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
 
 def _chosen_device(handler: object, spec: WorkerSpec) -> str:
     """Where the handler put its model: its own ``device`` attribute when it set one
-    (TorchServe handlers choose it in ``initialize``), else the GPU it was given."""
-    device = getattr(handler, "device", None)
-    if device is not None:
-        return str(device)
-    return "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
+    (TorchServe handlers choose it in ``initialize``), else the GPU it was given; a GPU
+    by the server's index (a worker bound to its GPU sees it as ``cuda:0``)."""
+    device = str(getattr(handler, "device", None) or "")
+    if not device:
+        return "cpu" if spec.gpu_id is None else f"cuda:{spec.gpu_id}"
+    if spec.gpu_id is not None and BOUND_GPU in os.environ and device in ("cuda", "cuda:0"):
+        return f"cuda:{spec.gpu_id}"
+    return device
 
 
 def serve(sock: socket.socket, inbox: Inbox, spec: WorkerSpec, place_helpers: bool = False) -> int:
@@ -94,6 +98,11 @@ def serve(sock: socket.socket, inbox: Inbox, spec: WorkerSpec, place_helpers: bo
     while (message := inbox.next_batch()) is not None:
         with handler_thread_work():
             answer = runner.run(message, inbox.is_cancelled)
+        if runner.device_failed is not None:
+            # Unanswered, as if the worker had crashed: the frontend answers a lone request
+            # and retries batch-mates one by one on fresh workers (poison isolation).
+            log.error("exiting: the GPU context is unusable (%s)", runner.device_failed)
+            return DEVICE_FAILED_EXIT
         try:
             send(answer)
         except (TypeError, ValueError, OverflowError) as exc:

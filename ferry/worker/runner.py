@@ -26,6 +26,7 @@ from ferry.wire.messages import (
     PredictBatch,
     RequestItem,
 )
+from ferry.worker.device_failure import unrecoverable_device_error
 from ferry.worker.payloads import encode_output, request_row
 
 log = logging.getLogger("ferry.worker")
@@ -61,6 +62,8 @@ class BatchRunner:
         self.context = context
         self.send_partial = send_partial
         self.envelopes = envelopes
+        self.device_failed: str | None = None
+        """The sticky GPU error a batch met (``device_failure``): the worker must go."""
         self._streamed: set[str] = set()
         """Requests of the current batch that have sent a part: never run twice."""
         self._stage_ms: dict[str, float] = {}
@@ -171,6 +174,8 @@ class BatchRunner:
                 log.info("batch of %d stopped: %s", len(items), exc)
                 return [_error(item, exc) for item in items]
             except Exception as exc:
+                if self._device_failed(exc):  # every call would fail now: no retries
+                    return [_error(item, self._replaced(exc)) for item in items]
                 if isolate_on_error and len(items) > 1:
                     # One bad request must not fail its neighbours: retry each alone (but
                     # not one that already streamed parts: its client has them).
@@ -194,8 +199,23 @@ class BatchRunner:
             for index, (item, out) in enumerate(zip(items, outputs, strict=True))
         ]
 
+    def _device_failed(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a sticky GPU error; the first one is kept for the worker."""
+        reason = unrecoverable_device_error(exc)
+        if reason is not None and self.device_failed is None:
+            log.error("the GPU failed: %s; this worker will be replaced", reason)
+            self.device_failed = reason
+        return reason is not None
+
+    @staticmethod
+    def _replaced(exc: BaseException) -> RuntimeError:
+        reason = unrecoverable_device_error(exc) or str(exc)
+        return RuntimeError(f"the GPU failed ({reason}); the worker is replaced")
+
     def _encode(self, index: int, item: RequestItem, output: Any) -> ItemResult:
         if isinstance(output, BaseException):
+            if self._device_failed(output):  # a micro-batch's failure, in the pipeline
+                return _error(item, self._replaced(output))
             return _error(item, output)
         headers = dict(self.context.get_response_headers(index))
         content_type = headers.pop("content-type", None)

@@ -13,6 +13,7 @@ from typing import Any
 from ferry.wire import codec
 from ferry.wire.environment import (
     PINNED_BY_FERRY,
+    gpu_environment,
     pinned_environment,
     user_pins_threads,
     worker_environment,
@@ -73,6 +74,8 @@ class WorkerProcess:
         never outlives a failed start."""
         env = worker_environment(os.environ)
         env.pop(PINNED_BY_FERRY, None)  # only for a worker Ferry pins: not inherited
+        if spec.gpu_id is not None:
+            env.update(gpu_environment(spec.gpu_id, os.environ))
         claim = _claim_cores(spec, cores, env)
         if claim is not None:
             env.update(pinned_environment(claim.cores))

@@ -36,6 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         + digest_archive(store, "hanging", batchSize=8, maxBatchDelay=20, responseTimeout=2),
         f"stopped={digest_archive(store, 'stopped', batchSize=1, responseTimeout=2)}",
         f"gated={digest_archive(store, 'gated', batchSize=1)}",
+        f"faulting={digest_archive(store, 'faulting', batchSize=8, maxBatchDelay=20)}",
     ]
     with ferry_server(store, models, tmp, "--enable-model-api") as running:
         yield running
@@ -58,6 +59,23 @@ def test_poison_requests_fail_alone_under_load(server: RunningServer) -> None:
     assert all(statuses[i] == 500 for i in poisoned)
     # Each poison costs its batch's worker and, retried alone if it had batch-mates, one more.
     assert describe(server, "poisoned")["workers"][0]["restarts"] <= 2 * len(poisoned)
+
+
+def test_gpu_faults_fail_alone_and_their_workers_are_replaced(server: RunningServer) -> None:
+    """A sticky CUDA error (device-side assert) poisons the worker's context: it is
+    replaced, and only the requests that faulted fail, however they were batched."""
+    first = worker_pid(server, "faulting")
+    payloads = [b"gpu-fault" if i % 50 == 25 else f"fine-{i}".encode() for i in range(100)]
+    result = closed_loop(server, "faulting", payloads, concurrency=16)
+    statuses = {index: status for index, status, _ in result.bodies}
+    assert len(statuses) == 100, "every request must get an answer"
+    faulted = {i for i, payload in enumerate(payloads) if payload == b"gpu-fault"}
+    assert {i for i, status in statuses.items() if status != 200} == faulted
+    for index, status, body in result.bodies:
+        if index in faulted:
+            assert status == 500 and "GPU" in body.decode(), body
+    assert worker_pid(server, "faulting") != first
+    assert describe(server, "faulting")["workers"][0]["restarts"] >= len(faulted)
 
 
 def test_a_hanging_request_fails_alone(server: RunningServer) -> None:

@@ -4,13 +4,17 @@ speaks another protocol is a start failure of the right kind, and never left run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
+import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
+from ferry.wire.messages import BatchResult, InputPart, PredictBatch, RequestItem
 from ferry.worker_handles import process as worker_process
 from ferry.worker_handles.handle import StartFailure, WorkerStartFailed
 from ferry.worker_handles.process import WorkerProcess
@@ -76,5 +80,49 @@ def test_a_worker_that_cannot_be_spawned_is_a_deterministic_start_failure(
         assert failure.value.kind is StartFailure.SPAWN
         assert failure.value.kind.deterministic
         assert "Argument list too long" in failure.value.message
+
+    asyncio.run(scenario())
+
+
+GPU_REPORT_HANDLER = """
+import os
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    seen = {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpu_id": context.system_properties["gpu_id"],
+    }
+    return [seen for _ in data]
+"""
+
+
+def test_a_gpu_worker_sees_only_its_gpu_as_device_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bound by CUDA_VISIBLE_DEVICES (an entry of the server's own list), so every thread
+    it or its handler starts is on its GPU; the handler's gpu_id is 0 (its cuda:0), the
+    worker reports the server's index."""
+    (tmp_path / "gpu_report.py").write_text(GPU_REPORT_HANDLER)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    worker_spec = dataclasses.replace(
+        spec(), model_dir=str(tmp_path), handler="gpu_report:handle", gpu_id=1
+    )
+
+    async def scenario() -> None:
+        worker = await WorkerProcess.start(worker_spec, startup_timeout=60)
+        try:
+            assert worker.info.device == "cuda:1"
+            item = RequestItem("r1", {}, [InputPart("body", "text/plain", b"x")])
+            await worker.send(PredictBatch(1, [item]))
+            result = await asyncio.wait_for(worker.receive(), 60)
+            assert isinstance(result, BatchResult)
+            (answer,) = result.results
+            assert json.loads(answer.body) == {"visible": "7", "gpu_id": 0}
+        finally:
+            worker.kill()
+            await asyncio.wait_for(asyncio.shield(worker.exited), 30)  # reaped in this loop
 
     asyncio.run(scenario())

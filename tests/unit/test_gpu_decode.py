@@ -14,7 +14,12 @@ import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFilter
 
-from ferry.handlers.builtin.gpu_decode import decode_each, is_jpeg, load_gpu_jpeg_decoder
+from ferry.handlers.builtin.gpu_decode import (
+    decode_each,
+    is_jpeg,
+    load_gpu_jpeg_decoder,
+    probe,
+)
 from ferry.handlers.builtin.image_classifier import ImageClassifier
 from ferry.handlers.builtin.vision import ImageTransform
 from ferry.handlers.contract.context import Context
@@ -67,14 +72,65 @@ def test_no_gpu_or_no_torchvision_means_pil(caplog: pytest.LogCaptureFixture) ->
     assert "gpu_decode needs a GPU" in caplog.text
 
 
-def test_decode_each_isolates_refused_images() -> None:
+def test_decode_each_isolates_refused_images(caplog: pytest.LogCaptureFixture) -> None:
     decoder = FakeDecoder()
     good, bad = _photo(1), b"\xff\xd8\xff" + b"not really a jpeg"
-    decoded, refused = decode_each(decoder, {0: good, 3: bad, 5: good})
+    with caplog.at_level(logging.WARNING, "ferry.handlers"):
+        decoded, refused = decode_each(decoder, {0: good, 3: bad, 5: good})
     assert sorted(decoded) == [0, 5] and refused == [3]
-    assert decoder.calls == [3, 1, 1, 1]  # one batched try, then one by one
+    assert decoder.calls == [3, 1, 2, 1, 1]  # the batch, then halves down to the bad one
+    assert "refused 1 of 3 JPEGs" in caplog.text
     assert decode_each(decoder, {}) == ({}, [])
     assert is_jpeg(good) and not is_jpeg(_photo(1, fmt="PNG"))
+
+
+def _truncated(encoded: bytes) -> bytes:
+    return encoded[: len(encoded) // 2]
+
+
+def _cmyk_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("CMYK", (64, 48), (10, 200, 30, 0)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+class StrictDecoder(FakeDecoder):
+    """As nvJPEG: refuses a whole call holding a CMYK or truncated JPEG."""
+
+    def __call__(self, images: list[bytes]) -> list[torch.Tensor]:
+        self.calls.append(len(images))
+        decoded = []
+        for image in images:
+            with Image.open(io.BytesIO(image)) as opened:
+                if opened.mode != "RGB":
+                    raise RuntimeError(f"unsupported mode {opened.mode}")
+                opened.load()  # raises on a truncated file
+            decoded.append(_full_resolution(image))
+        return decoded
+
+
+def test_one_bad_jpeg_among_64_costs_a_few_calls_not_64() -> None:
+    images = {i: _photo(i % 4, (64, 48)) for i in range(64)}
+    images[17] = _cmyk_jpeg()
+    images[40] = _truncated(_photo(9, (64, 48)))
+    decoder = StrictDecoder()
+    decoded, refused = decode_each(decoder, images)
+    assert refused == [17, 40]
+    assert sorted(decoded) == [i for i in range(64) if i not in (17, 40)]
+    assert len(decoder.calls) <= 4 * 6 + 1  # two bad ones, halves of 64: 6 levels each
+
+
+def test_a_decoder_that_fails_the_probe_is_not_used() -> None:
+    assert probe(FakeDecoder()) is None
+
+    def broken(images: list[bytes]) -> list[torch.Tensor]:
+        raise RuntimeError("nvjpeg: NVJPEG_STATUS_ARCH_MISMATCH")
+
+    def wrong(images: list[bytes]) -> list[torch.Tensor]:
+        return [torch.zeros(1, 16, 16, dtype=torch.uint8)]
+
+    assert probe(broken) == "RuntimeError: nvjpeg: NVJPEG_STATUS_ARCH_MISMATCH"
+    assert probe(wrong) == "it answered a tensor of shape (1, 16, 16) for a 16x16 RGB JPEG"
 
 
 def _classifier(tmp_path: Any) -> ImageClassifier:

@@ -269,3 +269,20 @@ def test_explanations_without_captum_say_what_to_install(monkeypatch: pytest.Mon
         IntegratedGradients(torch.nn.Linear(2, 2)).attribute(torch.ones(1, 2), 0)
     assert raised.value.error_code == 501
     assert "pip install 'ferry-serve[explain]'" in raised.value.message
+
+
+def test_explanations_run_on_the_input_the_served_model_takes(tmp_path: Path) -> None:
+    """With ``precision`` and ``batch_buckets``, attributions come from the cast input
+    (bf16 weights refused fp32 input before) and padded rows are dropped."""
+    pytest.importorskip("captum")
+    handler = ImageClassifier()
+    config = {"optimization": {"precision": "bf16", "batch_buckets": [4]}}
+    handler.initialize(
+        Context("m", str(tmp_path), {"model": {}}, 4, None, model_yaml_config=config)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 3))
+    handler.model = model.to(torch.bfloat16).eval()
+    attributions = handler.get_insights(torch.rand(2, 3, 8, 8), None, 1)
+    assert len(attributions) == 2
+    assert torch.tensor(attributions).shape == (2, 3, 8, 8)

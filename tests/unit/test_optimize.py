@@ -75,6 +75,12 @@ SWITCHES = [
     pytest.param({"torchscript_freeze": True}, 1e-4, id="torchscript_freeze"),
     pytest.param({"batch_buckets": [4, 8]}, 1e-4, id="batch_buckets"),
     pytest.param({"compile": "default", "eager": True}, 1e-4, id="compile"),
+    # Freezing makes the weights constants: the casts and layout must come before it
+    # (after it, bf16 inputs met fp32 weights: "Input type ... BFloat16 ... weight type").
+    pytest.param({"torchscript_freeze": True, "precision": "bf16"}, 0.15, id="freeze+bf16"),
+    pytest.param(
+        {"torchscript_freeze": True, "channels_last": True}, 1e-4, id="freeze+channels_last"
+    ),
 ]
 
 
@@ -128,6 +134,17 @@ def test_warm_up_runs_each_configured_batch_size() -> None:
     assert len(recorder.shapes) == 2
 
 
+def test_graph_trees_warm_up_until_they_replay() -> None:
+    """Under reduce-overhead a size compiles on its first call and records its graph on
+    the second: warm-up makes three, so the first request replays."""
+    recorder = _Recorder()
+    options = Optimizations(
+        warmup_shape=(3, 8, 8), warmup_batch_sizes=(2,), compile_mode="reduce-overhead"
+    )
+    warm_up(recorder, options, torch.device("cpu"))
+    assert recorder.shapes == [(2, 3, 8, 8)] * 3
+
+
 def test_invalid_switches_name_the_section(model_dir: Path) -> None:
     for bad in ({"precision": "fp8"}, {"compile": "fastest"}, {"batch_buckets": [0]}):
         with pytest.raises(ConfigError, match="optimization"):
@@ -177,6 +194,10 @@ def test_onnx_model_answers_like_torch(tmp_path: Path) -> None:
     handler.model, handler.device = loaded, torch.device("cpu")
     handler.optimizations = Optimizations(batch_buckets=(8,))
     assert torch.allclose(handler.inference(INPUT[:3]), expected[:3], atol=1e-4)
+    # precision casts a torch model's input; an fp32 ONNX file still gets fp32 (it refused
+    # fp16 input: "Unexpected input data type. Actual: (tensor(float16))").
+    handler.optimizations = Optimizations(precision="fp16")
+    assert torch.allclose(handler.inference(INPUT), expected, atol=0.05)
 
 
 def test_cuda_graphs_need_fixed_shapes_and_no_compile() -> None:

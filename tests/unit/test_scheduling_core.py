@@ -572,3 +572,24 @@ def test_a_lone_request_whose_worker_was_killed_from_outside_is_retried() -> Non
         await runner.stop()
 
     run(scenario)
+
+
+def test_a_gpu_fault_is_isolated_as_a_crash_and_named() -> None:
+    """A worker leaving with DEVICE_FAILED_EXIT is taken for crashed in its batch: a lone
+    request gets the error, which says the GPU failed."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.DEVICE_FAILED, Behaviour.ECHO)
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        culprit = make_job(b"assert")
+        runner.submit(culprit)
+        (outcome,) = await outcomes([culprit])
+        assert isinstance(outcome, WorkerDied) and "GPU" in str(outcome)
+        after = make_job(b"fine")
+        runner.submit(after)
+        assert bodies(await outcomes([after])) == [b"fine"]  # on the replacement
+        await runner.stop()
+
+    run(scenario)

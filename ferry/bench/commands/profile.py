@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ferry.bench.profile import (
-        PRECISIONS,
         InputRejected,
         active_optimizations,
         check_inputs,
@@ -49,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         profile,
     )
     from ferry.bench.profile_report import format_optimizations, format_table, write_reports
+    from ferry.bench.servers import with_precision
+    from ferry.config.sections import PRECISIONS
     from ferry.config.settings import available_cores, threads_per_worker
     from ferry.errors import FerryError
     from ferry.worker.torch_setup import configure_torch
@@ -73,24 +74,42 @@ def run(args: argparse.Namespace) -> int:
         f"device {args.device}; torch {torch.__version__}"
     )
     with tempfile.TemporaryDirectory(prefix="ferry-profile-") as tmp:
-        try:
-            loaded = load_handler(args.model.resolve(), Path(tmp), args.device)
-            check_inputs(loaded, inputs, names)
-        except (FerryError, RuntimeError, InputRejected) as exc:
-            print(f"ferry bench profile: {exc}", file=sys.stderr)
-            return 2
-        optimization = active_optimizations(loaded)
-        points = profile(
-            loaded,
-            inputs,
-            batch_sizes,
-            precisions,
-            args.seconds,
-            on_point=lambda p: print(
-                f"  batch {p.batch_size} {p.variant} {p.precision}: {p.ms_per_item:.3f} ms/item",
-                file=sys.stderr,
-            ),
-        )
+        optimization: dict[str, object] | None = None
+        points = []
+        for precision in precisions:
+            # Each precision as the server would run it: the archive with its
+            # optimization.precision set (the handler casts the model and its input).
+            try:
+                served = with_precision(args.model.resolve(), precision, Path(tmp) / "served")
+                loaded = load_handler(served, Path(tmp) / precision, args.device)
+                check_inputs(loaded, inputs, names)
+            except (FerryError, RuntimeError, InputRejected) as exc:
+                print(f"ferry bench profile: {exc}", file=sys.stderr)
+                return 2
+            active = active_optimizations(loaded)
+            if active.get("precision", "fp32") != precision:
+                print(
+                    f"ferry bench profile: warning: the handler does not apply "
+                    f"optimization.precision; {precision} is not measured",
+                    file=sys.stderr,
+                )
+                continue
+            if optimization is None:
+                optimization = active
+            points += profile(
+                loaded,
+                inputs,
+                batch_sizes,
+                [precision],
+                args.seconds,
+                on_point=lambda p: print(
+                    f"  batch {p.batch_size} {p.variant} {p.precision}: "
+                    f"{p.ms_per_item:.3f} ms/item",
+                    file=sys.stderr,
+                ),
+            )
+            del loaded
+    optimization = optimization or {}
     print(conditions)
     print(format_optimizations(optimization))
     print(format_table(points))

@@ -30,6 +30,7 @@ from ferry.handlers.builtin.model_loading import (
 )
 from ferry.handlers.builtin.optimize import (
     Optimizations,
+    begin_graph_tree_step,
     finish_output,
     graph_model,
     optimize_model,
@@ -184,6 +185,7 @@ class BaseHandler:
             if not isinstance(data, torch.Tensor):
                 return self.model(data, *args, **kwargs)
             batch, rows = prepare_input(data, self.optimizations, self._device())
+            begin_graph_tree_step(self.optimizations)
             output = self.model(batch, *args, **kwargs)
             return finish_output(output, rows, batch.shape[0], self.optimizations)
 

@@ -11,6 +11,12 @@ On a CPU every step is a pass-through. On a GPU (``CudaPath``):
   next micro-batch's upload overlaps this one's inference. The stream is synchronised on
   leaving, so postprocess (in another thread, on another stream) sees finished outputs, and
   no input block is handed back to the caching allocator while a kernel still reads it.
+
+The rule wherever work crosses streams: a stream made with ``torch.cuda.Stream`` never
+waits for another by itself, so before work goes to the upload or compute stream, that
+stream waits for the calling thread's current stream. A handler's own ``preprocess`` may
+have queued device work there (a ``.to(device, non_blocking=True)``, normalising on the
+GPU) that the model must not read before it is done.
 """
 
 from __future__ import annotations
@@ -78,7 +84,10 @@ class CudaPath:
 
     def upload(self, batch: torch.Tensor, then: Transform | None = None) -> torch.Tensor:
         if batch.device.type != "cpu":
-            return then(batch) if then is not None else batch
+            if then is None:
+                return batch
+            done: torch.Tensor = self.on_upload_stream(lambda: then(batch))
+            return done
 
         def send() -> torch.Tensor:
             on_device = self._pin(batch).to(self.device, non_blocking=True)
@@ -88,6 +97,7 @@ class CudaPath:
         return result
 
     def on_upload_stream(self, work: Callable[[], Any]) -> Any:
+        self.upload_stream.wait_stream(self._cuda.current_stream(self.device))
         with self._cuda.stream(self.upload_stream):
             result = work()
         # Waits for this stream only: inference on the compute stream carries on meanwhile.
@@ -96,6 +106,7 @@ class CudaPath:
 
     @contextmanager
     def compute(self) -> Iterator[None]:
+        self.compute_stream.wait_stream(self._cuda.current_stream(self.device))
         try:
             with self._cuda.stream(self.compute_stream):
                 yield

@@ -1,14 +1,17 @@
 """Optional JPEG decoding on the GPU (nvJPEG through ``torchvision.io.decode_jpeg``).
 
 Turned on per model with ``gpu_decode: true`` in the vision handler's model-config.yaml
-section. It is used only when the worker has a GPU and torchvision imports and matches the
-installed torch; otherwise the worker logs why and decodes with PIL. Any image the GPU
-decoder refuses (not a JPEG, CMYK, corrupt) is decoded by PIL instead, so an answer never
-depends on which decoder ran.
+section. It is used only when the worker has a GPU, torchvision imports and matches the
+installed torch, and the decoder decodes a probe image at load; otherwise the worker logs
+why (a warning) and decodes with PIL. Any image the GPU decoder refuses (not a JPEG, CMYK,
+progressive on some versions, truncated) is decoded by PIL instead, so an answer never
+depends on which decoder ran; a batch holding one is split in halves until the refused
+images are found (a few calls, not one per image), and the refusals are logged.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 
@@ -48,29 +51,70 @@ def load_gpu_jpeg_decoder(device: torch.device) -> JpegDecoder | None:
         # decode_each then goes image by image).
         return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
 
+    failure = probe(decode)
+    if failure is not None:
+        log.warning("gpu_decode: the GPU decoder failed a probe (%s); decoding with PIL", failure)
+        return None
     log.info("gpu_decode: JPEGs are decoded on %s", device)
     return decode
+
+
+def probe_image() -> bytes:
+    """A small baseline RGB JPEG, made here (PIL is at hand in every worker)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 90)).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def probe(decoder: JpegDecoder) -> str | None:
+    """Why ``decoder`` cannot be used (it fails a baseline JPEG, or answers something
+    that is not a 3 x 16 x 16 image), or None."""
+    try:
+        (decoded,) = decoder([probe_image()])
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if tuple(decoded.shape) != (3, 16, 16):
+        return f"it answered a tensor of shape {tuple(decoded.shape)} for a 16x16 RGB JPEG"
+    return None
 
 
 def decode_each(
     decoder: JpegDecoder, images: dict[int, bytes]
 ) -> tuple[dict[int, torch.Tensor], list[int]]:
-    """Decode all of ``images`` in one call; if that fails, one by one.
+    """Decode all of ``images`` in one call; if that fails, each half in turn, down to
+    the images the decoder refuses (about 2 log2(n) calls for one bad image in n).
 
     Returns the decoded tensors by index, and the indexes the decoder refused.
     """
-    if not images:
-        return {}, []
-    indexes = list(images)
-    try:
-        return dict(zip(indexes, decoder([images[i] for i in indexes]), strict=True)), []
-    except Exception:
-        log.debug("batched GPU decode failed; decoding one by one", exc_info=True)
     decoded: dict[int, torch.Tensor] = {}
     refused: list[int] = []
-    for index in indexes:
-        try:
-            decoded[index] = decoder([images[index]])[0]
-        except Exception:
-            refused.append(index)
-    return decoded, refused
+    _decode_halves(decoder, images, list(images), decoded, refused)
+    if refused:
+        log.warning(
+            "the GPU decoder refused %d of %d JPEGs; PIL decodes them", len(refused), len(images)
+        )
+    return decoded, sorted(refused)
+
+
+def _decode_halves(
+    decoder: JpegDecoder,
+    images: dict[int, bytes],
+    indexes: list[int],
+    decoded: dict[int, torch.Tensor],
+    refused: list[int],
+) -> None:
+    if not indexes:
+        return
+    try:
+        decoded.update(zip(indexes, decoder([images[i] for i in indexes]), strict=True))
+        return
+    except Exception as exc:
+        if len(indexes) == 1:
+            log.debug("the GPU decoder refused image %d: %s", indexes[0], exc)
+            refused.append(indexes[0])
+            return
+    middle = len(indexes) // 2
+    _decode_halves(decoder, images, indexes[:middle], decoded, refused)
+    _decode_halves(decoder, images, indexes[middle:], decoded, refused)

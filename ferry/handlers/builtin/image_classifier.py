@@ -26,6 +26,7 @@ from ferry.handlers.builtin.gpu_decode import (
     load_gpu_jpeg_decoder,
 )
 from ferry.handlers.builtin.insights import IntegratedGradients
+from ferry.handlers.builtin.optimize import GraphedModel, prepare_input
 from ferry.handlers.builtin.vision import DefaultImageProcessing, ImageTransform, image_bytes
 from ferry.handlers.contract.context import Context
 from ferry.handlers.torchserve.ts_utils import map_class_to_label
@@ -196,8 +197,12 @@ class VisionHandler(BaseHandler):
         """Integrated Gradients attributions of the preprocessed images to class ``target``
         (TorchServe's explanations; needs captum)."""
         if self._insights is None:
-            self._insights = IntegratedGradients(self.model)
-        return self._insights.attribute(tensor_data, int(target))
+            # Gradients need the eager model: captured CUDA graphs replay without them.
+            model = self.model.model if isinstance(self.model, GraphedModel) else self.model
+            self._insights = IntegratedGradients(model)
+        # The model's own input: cast and laid out as the served path prepares it.
+        batch, rows = prepare_input(tensor_data, self.optimizations, self._device())
+        return self._insights.attribute(batch, int(target))[:rows]
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[Any]:
         """BaseHandler's flow, where an image that cannot be decoded fails alone: its

@@ -17,6 +17,14 @@ Padded rows are cut from the model's output before postprocess ever sees them.
 (``batch_buckets``, else ``warmup.batch_sizes``); a batch of any other shape runs eagerly.
 On a CPU worker it is ignored with a warning. With ``compile``, use ``compile:
 reduce-overhead`` instead, which captures graphs itself.
+
+``compile: reduce-overhead`` and ``max-autotune`` record CUDA graph trees, where each call
+may overwrite the outputs of the one before: outputs are copied as they leave the
+inference stage (the stage pipeline runs the next micro-batch while postprocess still
+reads this one), each call begins a new graph-tree step, and warm-up calls each size
+three times (compile, record, replay). ``max-autotune`` gets a 900 s start-up timeout
+unless one is set. ``precision`` and ``channels_last`` are applied before
+``torchscript_freeze``, which turns the weights into constants.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from ferry.errors import ConfigError
 log = logging.getLogger("ferry.handlers")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+GRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,13 @@ class Optimizations(OptimizationConfig):
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.precision]
+
+    @property
+    def graph_trees(self) -> bool:
+        """Whether ``compile`` records CUDA graph trees (``reduce-overhead``,
+        ``max-autotune``): each call may overwrite the outputs of the one before, so
+        outputs are copied before they leave the inference stage (``finish_output``)."""
+        return self.compile_mode in GRAPH_TREE_MODES
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> Optimizations:
@@ -61,15 +77,16 @@ class Optimizations(OptimizationConfig):
 
 
 def optimize_model(model: Any, options: Optimizations, device: torch.device) -> Any:
-    """Apply the chosen switches to a loaded model, in a safe order."""
-    if options.torchscript_freeze:
-        if not isinstance(model, torch.jit.ScriptModule):
-            raise ConfigError("optimization: torchscript_freeze needs a TorchScript model")
-        model = torch.jit.optimize_for_inference(torch.jit.freeze(model.eval()))
+    """Apply the chosen switches to a loaded model, in a safe order: casts and layout
+    first, since freezing turns the weights into constants that ``.to`` no longer moves."""
+    if options.torchscript_freeze and not isinstance(model, torch.jit.ScriptModule):
+        raise ConfigError("optimization: torchscript_freeze needs a TorchScript model")
     if options.precision != "fp32":
         model = model.to(options.dtype)
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if options.torchscript_freeze:
+        model = torch.jit.optimize_for_inference(torch.jit.freeze(model.eval()))
     if options.compile_mode is not None:
         if isinstance(model, torch.jit.ScriptModule):
             raise ConfigError("optimization: compile needs an eager or torch.export model")
@@ -117,6 +134,13 @@ class GraphedModel:
 
 def capture_cuda_graph(model: Any, example: torch.Tensor, pool: Any) -> tuple[Replay, Any]:
     """Capture ``model(example)`` as a CUDA graph; returns a replay function and its pool."""
+    # On the example's device, whatever this thread's current one: the capture stream is
+    # made on the current device (a worker sees only its own GPU; bench profile does not).
+    with torch.cuda.device(example.device):
+        return _capture_on_device(model, example, pool)
+
+
+def _capture_on_device(model: Any, example: torch.Tensor, pool: Any) -> tuple[Replay, Any]:
     static_input = example.clone()
     device = example.device
     side = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
@@ -169,6 +193,13 @@ def graph_model(
     return graphed
 
 
+def begin_graph_tree_step(options: Optimizations) -> None:
+    """Before each model call under graph trees: a new step (no call's outputs are read
+    after the next call begins: ``finish_output`` copied them)."""
+    if options.graph_trees:
+        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+
+
 def prepare_input(
     batch: torch.Tensor, options: Optimizations, device: torch.device
 ) -> tuple[torch.Tensor, int]:
@@ -187,12 +218,16 @@ def prepare_input(
 
 
 def finish_output(output: Any, rows: int, padded: int, options: Optimizations) -> Any:
-    """Drop padded rows; half-precision outputs back to fp32 for postprocess."""
+    """Drop padded rows; half-precision outputs back to fp32 for postprocess. Under CUDA
+    graph trees a copy in any case: the pipeline runs the next micro-batch's inference
+    while postprocess still reads this one's output, which that call would overwrite."""
     if isinstance(output, torch.Tensor):
         if padded > rows and output.dim() > 0 and output.shape[0] == padded:
             output = output[:rows]
         if options.precision != "fp32" and output.is_floating_point():
             output = output.float()
+        elif options.graph_trees:
+            output = output.clone()
         return output
     if isinstance(output, (list, tuple)):
         return type(output)(finish_output(item, rows, padded, options) for item in output)
@@ -201,13 +236,21 @@ def finish_output(output: Any, rows: int, padded: int, options: Optimizations) -
     return output
 
 
+GRAPH_TREE_WARMUP_CALLS = 3
+"""Calls per size under graph trees: the first compiles (and runs eagerly), the second
+records the CUDA graph, the third replays it; a request after warm-up only replays."""
+
+
 def warm_up(model: Any, options: Optimizations, device: torch.device) -> None:
     if not options.warmup_shape:
         return
     sizes = options.warmup_batch_sizes or options.batch_buckets or (1,)
+    calls = GRAPH_TREE_WARMUP_CALLS if options.graph_trees else 1
     with torch.inference_mode():
         for size in sizes:
             example = torch.zeros(size, *options.warmup_shape)
             batch, _ = prepare_input(example, options, device)
-            model(batch)
+            for _ in range(calls):
+                begin_graph_tree_step(options)
+                model(batch)
     log.info("warmed up at batch sizes %s", list(sizes))
