@@ -331,7 +331,7 @@ def report(
         f"# {args.model} {args.precision} through the server against the offline limit",
         "",
         f"Machine: {machine_description()}. GPU: {gpu_description(device)}.",
-        f"Produced by `benchmarks/gpu_benchmark.py` in one run: {args.rounds} rounds of "
+        f"Produced by `benchmarks/gpu_benchmark.py` in one run: {args.rounds} round(s) of "
         f"{requests} requests per model (at least {args.round_seconds:g} s each at the "
         f"offline limit's rate), alternating order; {args.clients} load generator processes; "
         f"{args.workers} worker(s), batch size {best_batch} (the offline best, padded to "
@@ -361,7 +361,7 @@ def report(
             "tensor",
             "tensor-pipelined",
             "tensor-sequential-micro",
-            "the model at the micro-batch size",
+            "model at the micro-batch size",
         ),
         ("tensor", "tensor-pipelined", "tensor-sequential", "model at the batch size"),
         ("jpeg", "jpeg-pipelined", "jpeg-sequential", "model at the batch size"),
