@@ -8,6 +8,7 @@ the same way) instead of piling onto GPU 0.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from ferry.errors import ConfigError
 
@@ -47,6 +48,34 @@ def model_gpu_count(usable: int, device_type: str | None, device_ids: tuple[int,
     if device_type == "cpu" or usable == 0:
         return 0
     return len(device_ids) if device_ids else usable
+
+
+def gpu_memory_refusal(
+    gpu_ids: tuple[int, ...], workers: int, weights_bytes: int, free_bytes: Mapping[int, int]
+) -> str | None:
+    """Why a model's ``workers`` cannot fit on their GPUs, or None: each worker needs at
+    least its weights (``weights_bytes``, the serialized file), which a GPU with less free
+    memory (``free_bytes``, by the server's index; GPUs missing there are not checked)
+    cannot hold. A lower bound only: activations come on top.
+
+    >>> gpu_memory_refusal((0, 1), 3, 2 << 30, {0: 3 << 30, 1: 8 << 30})
+    '2 workers need at least 4.0 GiB on GPU 0 for their weights; it has 3.0 GiB free'
+    >>> gpu_memory_refusal((0, 1), 2, 2 << 30, {0: 3 << 30, 1: 8 << 30})
+    """
+    needed: dict[int, int] = {}
+    for index in range(workers):
+        gpu = worker_gpu(gpu_ids, index)
+        if gpu is not None:
+            needed[gpu] = needed.get(gpu, 0) + 1
+    for gpu, count in needed.items():
+        free = free_bytes.get(gpu)
+        if free is not None and count * weights_bytes > free:
+            return (
+                f"{count} worker{'s need' if count > 1 else ' needs'} at least "
+                f"{count * weights_bytes / 2**30:.1f} GiB on GPU {gpu} for their weights; "
+                f"it has {free / 2**30:.1f} GiB free"
+            )
+    return None
 
 
 def worker_gpu(gpus: tuple[int, ...], worker_index: int) -> int | None:

@@ -19,8 +19,9 @@ from ferry.errors import (
     ModelLoadFailed,
 )
 from ferry.metrics.definitions import FerryMetrics
+from ferry.metrics.gpu import read_gpus
 from ferry.scheduling import sizing
-from ferry.scheduling.placement import model_gpus
+from ferry.scheduling.placement import gpu_memory_refusal, model_gpus
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
 from ferry.service.archives import Archives, as_registered
 from ferry.service.snapshots import snapshot_folder, snapshot_of, write_snapshot
@@ -105,7 +106,9 @@ class ModelLifecycle:
             requested_startup_timeout=startup_timeout,
             sharing_workers=sharing_workers,
         )
-        refusal = self._over_worker_limit(archive, settings.workers)
+        refusal = self._over_worker_limit(archive, settings.workers) or _gpu_memory_refusal(
+            archive, gpu_ids, settings.workers
+        )
         if refusal is not None:
             raise ConfigError(refusal)
         if gpu_ids and not config.device_ids:
@@ -309,3 +312,19 @@ def _log_started(entry: ModelVersion) -> None:
         runner.settings.max_batch_delay * 1000,
         runner.settings.torch_threads,
     )
+
+
+def _gpu_memory_refusal(
+    archive: ModelArchive, gpu_ids: tuple[int, ...], workers: int
+) -> str | None:
+    """``gpu_memory_refusal`` with the GPUs' free memory as NVML reports it now (nothing is
+    checked without NVML) and the archive's serialized file as each worker's weights."""
+    serialized = archive.manifest.serialized_file
+    if not gpu_ids or not serialized:
+        return None
+    weights = archive.model_dir / serialized
+    if not weights.is_file():
+        return None
+    free = {r.index: r.memory_total_bytes - r.memory_used_bytes for r in read_gpus()}
+    refusal = gpu_memory_refusal(gpu_ids, workers, weights.stat().st_size, free)
+    return None if refusal is None else f"model {archive.name}: {refusal}"

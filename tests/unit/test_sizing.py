@@ -1,4 +1,5 @@
-"""How many workers a model gets by default: one per GPU it runs on."""
+"""How many workers a model gets by default (one per GPU it runs on), how long they may
+take to start, and whether their GPUs can hold them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from ferry.config.model_config import ModelConfig
 from ferry.config.sections import OptimizationConfig
 from ferry.config.settings import ServerSettings
+from ferry.scheduling.placement import gpu_memory_refusal
 from ferry.scheduling.sizing import Machine, startup_timeout, worker_count
 
 
@@ -38,3 +40,21 @@ def test_max_autotune_gets_a_longer_startup_timeout() -> None:
     assert startup_timeout(autotune, 60.0) == 60.0
     own = ModelConfig(startup_timeout=300.0, optimization=autotune.optimization)
     assert startup_timeout(own, None) == 300.0
+
+
+GIB = 1 << 30
+
+
+def test_workers_that_cannot_hold_their_weights_are_refused_before_they_start() -> None:
+    free = {0: 3 * GIB, 1: 8 * GIB}
+    # Three workers over GPUs 0 and 1: two on GPU 0 need 4 GiB of its 3.
+    assert gpu_memory_refusal((0, 1), 3, 2 * GIB, free) == (
+        "2 workers need at least 4.0 GiB on GPU 0 for their weights; it has 3.0 GiB free"
+    )
+    assert gpu_memory_refusal((0, 1), 2, 2 * GIB, free) is None
+    assert gpu_memory_refusal((1,), 1, 9 * GIB, free) == (
+        "1 worker needs at least 9.0 GiB on GPU 1 for their weights; it has 8.0 GiB free"
+    )
+    # Nothing known about a GPU (no NVML): nothing refused.
+    assert gpu_memory_refusal((2,), 4, 100 * GIB, free) is None
+    assert gpu_memory_refusal((), 4, 100 * GIB, free) is None
