@@ -166,13 +166,23 @@ def worker_limit(settings: ServerSettings, host_cores: int) -> int:
 
 
 def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
-    """Why running ``workers`` (per model version) would exceed ``limit`` in all, or None.
+    """Why running ``workers`` (per model version) would exceed ``limit`` in all, or None;
+    the reason names the two ways out.
 
-    >>> over_worker_limit({"a v1": 3, "b v1": 6}, 8)
-    '9 workers in all (a v1: 3, b v1: 6) exceed the limit of 8 (max_workers_total)'
+    >>> over_worker_limit({"a v1": 3, "b v1": 6}, 8)[:64]
+    '9 workers in all (a v1: 3, b v1: 6) exceed the limit of 8 (max_w'
     """
     total = sum(workers.values())
     if total <= limit:
         return None
     counts = ", ".join(f"{name}: {count}" for name, count in workers.items() if count)
-    return f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
+    return (
+        f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
+        f"{WORKER_LIMIT_FIX}"
+    )
+
+
+WORKER_LIMIT_FIX = (
+    "; raise it (--max-workers-total, or max_workers_total in config.properties) or give "
+    "the models fewer workers (minWorkers in their model-config.yaml)"
+)

@@ -412,7 +412,9 @@ def test_image_settings_read_torchserves_values() -> None:
 def test_the_worker_limit_names_the_models_and_the_cap() -> None:
     assert over_worker_limit({"a v1.0": 3, "b v1.0": 5}, 8) is None
     assert over_worker_limit({"a v1.0": 3, "b v1.0": 6, "c v1.0": 0}, 8) == (
-        "9 workers in all (a v1.0: 3, b v1.0: 6) exceed the limit of 8 (max_workers_total)"
+        "9 workers in all (a v1.0: 3, b v1.0: 6) exceed the limit of 8 (max_workers_total); "
+        "raise it (--max-workers-total, or max_workers_total in config.properties) or give "
+        "the models fewer workers (minWorkers in their model-config.yaml)"
     )
     assert default_max_workers_total(2) == 8 and default_max_workers_total(16) == 32
 
@@ -422,9 +424,9 @@ def test_start_up_over_the_worker_limit_is_a_config_error(store: Path) -> None:
         service = _service(store, models=("good=good.mar", "many=many.mar"), max_workers_total=4)
         with pytest.raises(ConfigError) as refused:
             await service.load_startup_models()
-        assert refused.value.message == (
+        assert refused.value.message.startswith(
             "7 workers in all (many v1.0: 6, good v1.0: 1) exceed the limit of 4 "
-            "(max_workers_total)"
+            "(max_workers_total); raise it"
         )
         await service.close()
 
