@@ -173,6 +173,9 @@ def graph_trees_with_micro_batching() -> str:
         context.start_batch([str(i) for i in range(16)], [{} for _ in range(16)])
         answers = pipeline.handle(rows, context)
     pipeline.close()
+    failed = [answer for answer in answers if isinstance(answer, BaseException)]
+    if failed:
+        raise AssertionError(f"{len(failed)} of 16 rows failed: {failed[0]!r}")
     difference = float((torch.tensor(answers) - expected).abs().max())
     if difference > 1e-3:
         raise AssertionError(f"answers differ from eager by {difference:.2e}")
@@ -264,16 +267,20 @@ def jpeg_batch_with_odd_images(tmp: Path) -> str:
         context = Context("m", str(tmp), {"model": {}}, 64, device.index)
         context.start_batch([str(i) for i in range(64)], [{} for _ in range(64)])
         answers.append(handler.handle(rows, context))
-    failed = [[i for i, a in enumerate(run) if isinstance(a, BaseException)] for run in answers]
-    if failed != [[30], [30]]:
-        raise AssertionError(f"failed requests (gpu_decode, PIL): {failed}")
+    on_gpu, with_pil = (
+        [i for i, a in enumerate(run) if isinstance(a, BaseException)] for run in answers
+    )
+    # PIL refuses the truncated JPEG; nvJPEG may decode it leniently, but nothing else fails.
+    if with_pil != [30] or not set(on_gpu) <= {30}:
+        raise AssertionError(f"failed requests: gpu_decode {on_gpu}, PIL {with_pil}")
     worst = 0.0
     for ours, theirs in zip(*answers, strict=True):
         if isinstance(ours, dict) and isinstance(theirs, dict):
             worst = max(worst, *(abs(ours[k] - theirs.get(k, 0.0)) for k in ours))
     if worst > 2e-2:
         raise AssertionError(f"gpu_decode and PIL answers differ by up to {worst:.3f}")
-    return f"63 answered, the truncated one failed alone; largest difference {worst:.1e}"
+    truncated = "failed alone" if on_gpu == [30] else "decoded by nvJPEG, refused by PIL"
+    return f"63 answered alike (largest difference {worst:.1e}); the truncated one {truncated}"
 
 
 def profile_of_an_fp16_archive(tmp: Path) -> str:
@@ -298,7 +305,11 @@ def profile_of_an_fp16_archive(tmp: Path) -> str:
     run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise AssertionError(f"ferry bench profile failed: {run.stderr.strip()[-400:]}")
-    return "profiled at batch 1 and 8 (handler and model stage), fp16 as served"
+    rows = [line.split() for line in run.stdout.splitlines() if line.strip()[:1].isdigit()]
+    precisions = {row[2] for row in rows if len(row) > 2}
+    if precisions != {"fp16"}:
+        raise AssertionError(f"profiled at {precisions}, not at the archive's fp16")
+    return f"{len(rows)} rows (batch 1 and 8, handler and model), all fp16 as the archive asks"
 
 
 def onnx_on_the_gpu(tmp: Path) -> str:

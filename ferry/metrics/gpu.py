@@ -7,6 +7,7 @@ directly. Without NVML or without GPUs this reports nothing.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,14 +43,28 @@ def read_gpus(
     readings = []
     try:
         for index, handle in enumerate(_visible_handles(nvml, environ)):
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-            readings.append(
-                GpuReading(index, int(memory.used), int(memory.total), float(rates.gpu))
-            )
+            reading = _read(nvml, index, handle)
+            if reading is not None:
+                readings.append(reading)
+    except Exception:  # NVML failing as a whole (a driver gone): nothing to report
+        return readings
     finally:
         nvml.nvmlShutdown()
     return readings
+
+
+def _read(nvml: ModuleType, index: int, handle: object) -> GpuReading | None:
+    """One GPU's reading; None if NVML cannot read its memory. Utilisation NVML cannot
+    read (a MIG instance) is NaN, not a made-up 0."""
+    try:
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    except Exception:
+        return None
+    try:
+        utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:
+        utilization = math.nan
+    return GpuReading(index, int(memory.used), int(memory.total), utilization)
 
 
 def _visible_handles(nvml: ModuleType, environ: Mapping[str, str]) -> list[object]:
@@ -58,10 +73,15 @@ def _visible_handles(nvml: ModuleType, environ: Mapping[str, str]) -> list[objec
         return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
     handles = []
     for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit():
-            handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)))
-        elif entry:  # GPU-<uuid> or MIG-<uuid>
-            handles.append(nvml.nvmlDeviceGetHandleByUUID(entry))
-        else:
-            break  # CUDA stops at the first entry it cannot read
+        # CUDA stops at the first entry it cannot read ("-1" hides every GPU); so do we,
+        # and at one NVML cannot resolve (CUDA takes UUID prefixes, NVML whole UUIDs).
+        try:
+            if entry.isdigit():
+                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)))
+            elif entry.startswith(("GPU-", "MIG-")):
+                handles.append(nvml.nvmlDeviceGetHandleByUUID(entry))
+            else:
+                break
+        except Exception:
+            break
     return handles

@@ -19,9 +19,10 @@ state. So, as TorchServe's ``SequenceBatching``:
   with ``ts_request_sequence_start: true``.
 
 Where TorchServe leaves a request of an ended sequence waiting forever, Ferry answers it
-``SequenceEnded``; a sequence whose worker died goes on, on another worker (the state the
-handler kept is gone with the dead one: its in-flight request is answered with the
-error, as TorchServe does).
+``SequenceEnded``. A sequence lives with its worker's state: when the worker goes (dies,
+is recycled, is scaled away), the sequence ends, its in-flight request answered with the
+worker's error (as TorchServe does) and its waiting ones ``SequenceEnded``; the client's
+next request starts it again, on another worker.
 
 This module is the bookkeeping; ``SequenceLane`` is one worker's view of it, which the
 dispatcher takes batches from as it would from the model's queue.
@@ -99,7 +100,9 @@ class Sequence:
     """The request its client marked as the last; the sequence ends when it is answered."""
 
     def idle(self) -> bool:
-        return not self.waiting and self.running is None
+        """Nothing running and nothing wanted waiting (a request whose client went away
+        while it waited holds no slot)."""
+        return self.running is None and all(job.future.done() for job in self.waiting)
 
     def next_job(self) -> Job | None:
         """Its first waiting request still wanted (one answered while it waited, say its
@@ -217,16 +220,20 @@ class SequenceBook:
         return SequenceLane(self, lane_id)
 
     def close_lane(self, lane_id: int) -> None:
-        """The worker is gone: its sequences wait for another to adopt them."""
+        """The worker is gone (it died, was recycled or scaled away), and the state it kept
+        for its sequences with it: they end. What waited in them is answered
+        ``SequenceEnded``; the client starts again. (Handed to another worker, a sequence
+        would carry on from nothing, and answer wrongly without a word.)"""
         self._lanes.discard(lane_id)
-        for sequence in self._sequences.values():
+        for sequence in list(self._sequences.values()):
             if sequence.owner == lane_id:
-                sequence.owner = None
+                self._end(sequence.sequence_id, "its worker went away, and its state with it")
         self._wake_all()
 
     def share(self) -> int:
-        """How many sequences one lane may hold: TorchServe's ``maxNumSequence / workers``."""
-        return max(1, self.settings.max_sequences // max(1, len(self._lanes)))
+        """How many sequences one lane may hold: ``maxNumSequence / workers``, rounded up
+        (TorchServe rounds down, which leaves admitted sequences no worker may adopt)."""
+        return max(1, -(-self.settings.max_sequences // max(1, len(self._lanes))))
 
     def ready(self, lane_id: int) -> list[Sequence]:
         """The sequences whose next request the lane may take now, oldest first: its own
@@ -285,7 +292,8 @@ class SequenceBook:
         if sequence.running is job:
             sequence.running = None
         sequence.active_at = self._clock()
-        if sequence.last is job:
+        current = self._sequences.get(sequence.sequence_id) is sequence  # not ended since
+        if sequence.last is job and current:
             self._end(sequence.sequence_id, "its client's last request was answered")
         future = job.future
         if not future.cancelled() and future.exception() is None:

@@ -326,5 +326,6 @@ def _gpu_memory_refusal(
     if not weights.is_file():
         return None
     free = {r.index: r.memory_total_bytes - r.memory_used_bytes for r in read_gpus()}
+    # (read_gpus answers what it could read; a GPU it could not is not checked)
     refusal = gpu_memory_refusal(gpu_ids, workers, weights.stat().st_size, free)
     return None if refusal is None else f"model {archive.name}: {refusal}"

@@ -29,14 +29,20 @@ def gpu_environment(gpu: int, parent: Mapping[str, str]) -> dict[str, str]:
     it sees, as ``cuda:0``, in every thread it or its handler starts. Under a
     ``CUDA_VISIBLE_DEVICES`` of the server's own, ``gpu`` indexes that list.
 
+    Indexes are in PCI bus order (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless the server's
+    environment says otherwise), the order NVML counts in, so that describe, GPU metrics
+    and the worker name the same GPU on a machine of mixed GPUs (CUDA's own default puts
+    the fastest first).
+
     >>> gpu_environment(1, {})
-    {'CUDA_VISIBLE_DEVICES': '1', 'FERRY_WORKER_GPU': '1'}
-    >>> gpu_environment(1, {"CUDA_VISIBLE_DEVICES": "4,GPU-8f2c"})
-    {'CUDA_VISIBLE_DEVICES': 'GPU-8f2c', 'FERRY_WORKER_GPU': '1'}
+    {'CUDA_VISIBLE_DEVICES': '1', 'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'FERRY_WORKER_GPU': '1'}
+    >>> gpu_environment(1, {"CUDA_VISIBLE_DEVICES": "4,GPU-8f2c"})["CUDA_VISIBLE_DEVICES"]
+    'GPU-8f2c'
     """
     visible = [d.strip() for d in parent.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     device = visible[gpu] if gpu < len(visible) else str(gpu)
-    return {"CUDA_VISIBLE_DEVICES": device, BOUND_GPU: str(gpu)}
+    order = parent.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    return {"CUDA_VISIBLE_DEVICES": device, "CUDA_DEVICE_ORDER": order, BOUND_GPU: str(gpu)}
 
 
 def handler_gpu(gpu: int | None, environ: Mapping[str, str]) -> int | None:

@@ -24,6 +24,9 @@ STICKY_MARKERS = (
     "CUDNN_STATUS_EXECUTION_FAILED",
 )
 """Words of CUDA's sticky errors (as torch and cuBLAS/cuDNN word them)."""
+CUDA_WORDS = ("CUDA", "cuda", "CUBLAS", "CUDNN")
+"""One of these must be in the message too: a CPU worker's "illegal memory access" (a
+native extension's own words) is not the GPU's."""
 
 
 def unrecoverable_device_error(exc: BaseException) -> str | None:
@@ -39,7 +42,8 @@ def unrecoverable_device_error(exc: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         message = str(current)
-        if any(marker in message for marker in STICKY_MARKERS):
+        sticky = any(marker in message for marker in STICKY_MARKERS)
+        if sticky and any(word in message for word in CUDA_WORDS):
             return message.strip().splitlines()[0] if message.strip() else type(current).__name__
         current = current.__cause__ or current.__context__
     return None

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import socket
+import sys
 import threading
 
 from ferry.wire import codec, log_forward
@@ -140,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
         # Threads pinned, by Ferry or by the user's own OpenMP binding, stay where they are.
         leave_threads = forget_pinning() is not None or user_pins_threads(os.environ)
-        return serve(sock, inbox, spec, place_helpers=not leave_threads)
+        status = serve(sock, inbox, spec, place_helpers=not leave_threads)
+    if status == DEVICE_FAILED_EXIT:
+        # Straight out: tearing down a process whose CUDA context faulted may abort in
+        # native destructors, and the frontend must see this status to say why.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(DEVICE_FAILED_EXIT)
+    return status
 
 
 if __name__ == "__main__":

@@ -150,3 +150,26 @@ def test_a_torchserve_style_handler_profiles(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "1 torch threads" in run.stdout and "ms/item" in run.stdout
     assert (tmp_path / "profiled" / "profile.csv").read_text().startswith("batch_size,")
+
+
+def test_profile_measures_the_archive_at_its_own_precision(tmp_path: Path) -> None:
+    """Without --precision, what the archive asks for (here bf16), as a worker runs it."""
+    from ferry.bench.servers import with_precision
+
+    archive = with_precision(DEMO_STORE / "shapes.mar", "bf16", tmp_path / "store")
+    run = run_ferry(
+        "bench",
+        "profile",
+        str(archive),
+        "--input",
+        str(SAMPLES / "star.png"),
+        "--batch-sizes",
+        "1,2",
+        "--seconds",
+        "0.1",
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "optimization: precision=bf16" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 4 and {row[2] for row in rows} == {"bf16"}

@@ -28,6 +28,8 @@ ASSERT = "CUDA error: device-side assert triggered\nCUDA kernel errors might be 
             "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasSgemm",
         ),
         (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB"), None),
+        # A CPU extension's own words, no CUDA in sight: not the GPU's.
+        (RuntimeError("illegal memory access at 0x0 in my_extension"), None),
         (ValueError("expected a JSON list"), None),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,3 +51,27 @@ def test_the_visible_gpus_in_their_order_by_the_servers_index() -> None:
     environ = {"CUDA_VISIBLE_DEVICES": "GPU-aaaa,MIG-bbbb"}
     assert _used(read_gpus(FakeNvml(), environ)) == [(0, 300), (1, 400)]  # type: ignore[arg-type]
     assert read_gpus(FakeNvml(), {"CUDA_VISIBLE_DEVICES": ""}) == []  # type: ignore[arg-type]
+
+
+class PartialNvml(FakeNvml):
+    """A MIG instance: no utilisation; UUID prefixes unknown to NVML."""
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        if handle == 3:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return super().nvmlDeviceGetUtilizationRates(handle)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        if uuid == "GPU-aa":
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return super().nvmlDeviceGetHandleByUUID(uuid)
+
+
+def test_what_nvml_cannot_read_is_left_out_not_raised() -> None:
+    readings = read_gpus(PartialNvml(), {"CUDA_VISIBLE_DEVICES": "1,MIG-bbbb"})  # type: ignore[arg-type]
+    assert _used(readings) == [(0, 200), (1, 400)]
+    assert math.isnan(readings[1].utilization_percent)
+    # CUDA stops at the first entry it cannot read: "-1" hides every GPU, and so here.
+    assert read_gpus(PartialNvml(), {"CUDA_VISIBLE_DEVICES": "-1,0"}) == []  # type: ignore[arg-type]
+    # A UUID prefix (CUDA takes them, NVML does not): not read, not raised.
+    assert read_gpus(PartialNvml(), {"CUDA_VISIBLE_DEVICES": "0,GPU-aa"}) != []  # type: ignore[arg-type]

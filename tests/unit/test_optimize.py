@@ -11,7 +11,7 @@ from torch import nn
 
 from ferry.errors import ConfigError
 from ferry.handlers.builtin.base_handler import BaseHandler
-from ferry.handlers.builtin.optimize import Optimizations, warm_up
+from ferry.handlers.builtin.optimize import Optimizations, finish_output, warm_up
 from ferry.handlers.contract.context import Context
 from tests.fixtures.models import save_torchscript
 
@@ -266,3 +266,16 @@ def test_graphed_model_replays_captured_shapes_and_runs_others_eagerly() -> None
     # A batch of 3 pads to the captured bucket of 4; the padded row never comes back.
     assert handler.inference(torch.ones(3, 2)).tolist() == [[2.0], [3.0], [4.0]]
     assert replayed[-1] == (4, 2)
+
+
+def test_graph_tree_outputs_are_copies_whatever_the_precision() -> None:
+    """Under fp16 a model may still answer fp32 (``.float()`` is then no copy): the
+    output that leaves the inference stage must not be the graph's static buffer."""
+    static = torch.ones(4, 3)
+    for precision in ("fp32", "fp16"):
+        options = Optimizations(precision=precision, compile_mode="reduce-overhead")
+        out = finish_output(static, 4, 4, options)
+        assert out.untyped_storage().data_ptr() != static.untyped_storage().data_ptr()
+        assert torch.equal(out, static)
+    plain = finish_output(static, 4, 4, Optimizations())
+    assert plain is static  # no graph trees: no copy

@@ -319,7 +319,10 @@ def test_each_lane_adopts_its_share_of_max_sequences() -> None:
     run(scenario)
 
 
-def test_a_closed_lanes_sequences_go_on_another_lane() -> None:
+def test_a_closed_lanes_sequences_end_and_start_again_elsewhere() -> None:
+    """The worker's state went with it: what waited is answered SequenceEnded, and the
+    client's next request starts the sequence afresh on another lane."""
+
     async def scenario() -> None:
         book = make_book(Clock(), max_sequences=2)
         lane_a, lane_b = book.lane(), book.lane()
@@ -333,29 +336,30 @@ def test_a_closed_lanes_sequences_go_on_another_lane() -> None:
         book.add(a2, "s1")
         assert lane_b.take_ready() is None  # s1 is still lane A's
         lane_a.close()
+        error = ended_error(a2)
+        assert isinstance(error, SequenceEnded) and "its worker went away" in str(error)
+        assert book.open_sequences == 1  # s2
+        again = make_job("again")
+        book.add(again, "s1")
         assert book.share() == 2
-        assert lane_b.take_ready() == [a2]  # lane B now holds both
+        answer(b1)
+        await settle()
+        assert lane_b.take_ready() == [again]  # lane B now holds both
 
     run(scenario)
 
 
-def test_a_new_lane_adopts_a_closed_lanes_sequences() -> None:
+def test_every_admitted_sequence_has_a_lane_with_room() -> None:
+    """maxNumSequence 5 over 2 lanes: shares of 3, not 2 (2 + 2 left one unserved)."""
+
     async def scenario() -> None:
-        book = make_book(Clock(), max_sequences=2)
+        book = make_book(Clock(), max_sequences=5, batch_size=8)
         lane_a, lane_b = book.lane(), book.lane()
-        a1, a2, b1 = make_job("a1"), make_job("a2"), make_job("b1")
-        book.add(a1, "s1")
-        book.add(b1, "s2")
-        assert lane_a.take_ready() == [a1]
-        assert lane_b.take_ready() == [b1]
-        answer(a1)
-        await settle()
-        book.add(a2, "s1")
-        lane_a.close()
-        lane_c = book.lane()
-        assert book.share() == 1
-        assert lane_b.take_ready() is None  # lane B is at its share (s2)
-        assert lane_c.take_ready() == [a2]
+        jobs = [make_job(f"j{i}") for i in range(5)]
+        for index, job in enumerate(jobs):
+            book.add(job, f"s{index}")
+        taken = (lane_a.take_ready() or []) + (lane_b.take_ready() or [])
+        assert sorted(j.item.request_id for j in taken) == [f"j{i}" for i in range(5)]
 
     run(scenario)
 
@@ -823,21 +827,21 @@ def test_cancelling_a_wait_takes_nothing() -> None:
 # --- regressions -------------------------------------------------------------------------
 
 
-def test_another_lane_waits_for_a_closed_lanes_running_request() -> None:
-    """A closed lane's sequence is adopted only once its running request is answered:
-    two requests of one sequence must never run at once."""
+def test_a_closed_lanes_late_answer_leaves_the_new_sequence_alone() -> None:
+    """The request a closed lane was running is answered after its sequence ended and a
+    new one of the same name began: the new one is neither ended nor blocked."""
 
     async def scenario() -> None:
         book = make_book(Clock())
         lane_a, lane_b = book.lane(), book.lane()
         a1, a2 = make_job("a1"), make_job("a2")
-        book.add(a1, "s1")
-        book.add(a2, "s1")
+        book.add(a1, "s1", last=True)
         assert lane_a.take_ready() == [a1]
         lane_a.close()
-        assert lane_b.take_ready() is None
-        answer(a1)
+        book.add(a2, "s1")  # a new s1
+        answer(a1)  # the old s1's last request: it must not end the new one
         await settle()
+        assert book.open_sequences == 1
         assert lane_b.take_ready() == [a2]
 
     run(scenario)

@@ -23,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="comma-separated request bodies")
     parser.add_argument("--batch-sizes", help="e.g. 1,2,4,8")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,bf16")
+    parser.add_argument(
+        "--precision",
+        help="comma-separated: fp32,fp16,bf16, each as the server would run it "
+        "(default: the archive's own optimization.precision)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="timing per point")
     parser.add_argument(
         "--threads",
@@ -56,10 +60,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         batch_sizes = int_list(args.batch_sizes) if args.batch_sizes else None
-        precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
-        unknown = [p for p in precisions if p not in PRECISIONS]
-        if unknown or not precisions:
+        asked = [p.strip() for p in (args.precision or "").split(",") if p.strip()]
+        unknown = [p for p in asked if p not in PRECISIONS]
+        if unknown or (args.precision is not None and not asked):
             raise ValueError(f"unknown precision {unknown}; use fp32, fp16, bf16")
+        # None: the archive as it is, at the precision it asks for itself.
+        precisions: list[str | None] = list(asked) or [None]
         names = [p for p in args.input.split(",") if p]
         inputs = [Path(p).read_bytes() for p in names]
         if args.threads is not None and args.threads < 1:
@@ -80,14 +86,19 @@ def run(args: argparse.Namespace) -> int:
             # Each precision as the server would run it: the archive with its
             # optimization.precision set (the handler casts the model and its input).
             try:
-                served = with_precision(args.model.resolve(), precision, Path(tmp) / "served")
-                loaded = load_handler(served, Path(tmp) / precision, args.device)
+                served = args.model.resolve()
+                if precision is not None:
+                    served = with_precision(served, precision, Path(tmp) / "served")
+                work = Path(tmp) / (precision or "archived")
+                work.mkdir(parents=True, exist_ok=True)
+                loaded = load_handler(served, work, args.device)
                 check_inputs(loaded, inputs, names)
             except (FerryError, RuntimeError, InputRejected) as exc:
                 print(f"ferry bench profile: {exc}", file=sys.stderr)
                 return 2
             active = active_optimizations(loaded)
-            if active.get("precision", "fp32") != precision:
+            measured = str(active.get("precision", "fp32"))
+            if precision is not None and measured != precision:
                 print(
                     f"ferry bench profile: warning: the handler does not apply "
                     f"optimization.precision; {precision} is not measured",
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 loaded,
                 inputs,
                 batch_sizes,
-                [precision],
+                [measured],
                 args.seconds,
                 on_point=lambda p: print(
                     f"  batch {p.batch_size} {p.variant} {p.precision}: "

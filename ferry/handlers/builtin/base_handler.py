@@ -31,6 +31,7 @@ from ferry.handlers.builtin.model_loading import (
 from ferry.handlers.builtin.optimize import (
     Optimizations,
     begin_graph_tree_step,
+    copy_graph_tree_outputs,
     finish_output,
     graph_model,
     optimize_model,
@@ -183,7 +184,9 @@ class BaseHandler:
         stream."""
         with torch.inference_mode(), self.device_path.compute():
             if not isinstance(data, torch.Tensor):
-                return self.model(data, *args, **kwargs)
+                begin_graph_tree_step(self.optimizations)
+                answer = self.model(data, *args, **kwargs)
+                return copy_graph_tree_outputs(answer, self.optimizations)
             batch, rows = prepare_input(data, self.optimizations, self._device())
             begin_graph_tree_step(self.optimizations)
             output = self.model(batch, *args, **kwargs)

@@ -80,7 +80,7 @@ class OnnxModel:
         batch = batch.detach()
         if self.input_dtype is not None and batch.dtype != self.input_dtype:
             batch = batch.to(self.input_dtype)
-        if self.on_gpu and batch.is_cuda:
+        if self.on_gpu and batch.is_cuda and batch.dtype in NUMPY_TYPES:
             outputs = self._run_bound(batch.contiguous())
         else:
             outputs = self.session.run(None, {self.input_name: batch.cpu().numpy()})

@@ -193,6 +193,16 @@ def graph_model(
     return graphed
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def copy_graph_tree_outputs(output: Any, options: Optimizations) -> Any:
+    """Under graph trees, every tensor of ``output`` copied (the next call overwrites
+    them); ``output`` itself otherwise."""
+    return _clone(output) if options.graph_trees else output
+
+
 def begin_graph_tree_step(options: Optimizations) -> None:
     """Before each model call under graph trees: a new step (no call's outputs are read
     after the next call begins: ``finish_output`` copied them)."""
@@ -222,11 +232,12 @@ def finish_output(output: Any, rows: int, padded: int, options: Optimizations) -
     graph trees a copy in any case: the pipeline runs the next micro-batch's inference
     while postprocess still reads this one's output, which that call would overwrite."""
     if isinstance(output, torch.Tensor):
+        original = output
         if padded > rows and output.dim() > 0 and output.shape[0] == padded:
             output = output[:rows]
         if options.precision != "fp32" and output.is_floating_point():
-            output = output.float()
-        elif options.graph_trees:
+            output = output.float()  # a copy, unless the model's output was fp32 already
+        if options.graph_trees and _shares_memory(output, original):
             output = output.clone()
         return output
     if isinstance(output, (list, tuple)):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.builtin.optimize import begin_graph_tree_step, copy_graph_tree_outputs
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.exceptions import PredictionException
 from ferry.handlers.torchserve.ts_utils import map_class_to_label
@@ -51,9 +52,12 @@ class TextClassifier(BaseHandler):
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.inference_mode():
+            begin_graph_tree_step(self.optimizations)
             if isinstance(data, tuple):
-                return self.model(*data, *args, **kwargs)
-            return self.model(data, *args, **kwargs)
+                answer = self.model(*data, *args, **kwargs)
+            else:
+                answer = self.model(data, *args, **kwargs)
+            return copy_graph_tree_outputs(answer, self.optimizations)
 
     def postprocess(self, data: Any) -> list[Any]:
         probs = torch.softmax(torch.as_tensor(data).float(), dim=1).tolist()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -118,13 +117,11 @@ class Context:
         """Parts streamed while no worker listens (a handler's unit test reads them here)."""
         self._partial_sender: PartialSender | None = None
         self._cancelled: Callable[[str], bool] = _never
-        # The headers of stateful sequences, named as TorchServe's (and, as there, by
-        # the environment variables TS_REQUEST_SEQUENCE_ID/_START/_END if set).
-        self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", SEQUENCE_ID_HEADER)
-        self.header_key_sequence_start = os.getenv(
-            "TS_REQUEST_SEQUENCE_START", SEQUENCE_START_HEADER
-        )
-        self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", SEQUENCE_END_HEADER)
+        # The headers of stateful sequences, named as TorchServe's (always these: the
+        # frontend reads and writes these names).
+        self.header_key_sequence_id = SEQUENCE_ID_HEADER
+        self.header_key_sequence_start = SEQUENCE_START_HEADER
+        self.header_key_sequence_end = SEQUENCE_END_HEADER
         self.stopping_criteria: Any = None
         """TorchServe's continuous-batching hook; kept for handlers that set it."""
 
