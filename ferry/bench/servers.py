@@ -197,8 +197,36 @@ def start_server(
         if kind != "ferry":
             raise ServerFailed("a precision other than fp32 is a Ferry setting")
         model = with_precision(model, config.precision, folder / "model")
-    apis = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
-    ports = {api: free_port() for api in apis}
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        ports = {api: free_port() for api in APIS}
+        process, url = _launch(kind, model, config, folder, ports)
+        try:
+            _wait_healthy(url, process, folder / "server.log", timeout=300)
+            break
+        except ServerFailed as failed:
+            stop_group(process)
+            # A free port is only free until the server binds it: another process may
+            # take it first. Pick others and start again (a few times at most).
+            if "already in use" not in str(failed).lower() or attempt == PORT_ATTEMPTS:
+                raise
+        except BaseException:
+            stop_group(process)
+            raise
+    try:
+        metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
+        yield StartedServer(url, metrics, folder / "server.log", process.pid)
+    finally:
+        stop_group(process)
+
+
+APIS = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+PORT_ATTEMPTS = 3
+
+
+def _launch(
+    kind: str, model: Path, config: ServerConfig, folder: Path, ports: dict[str, int]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``kind`` on ``ports`` in ``folder``; the process and its inference URL."""
     properties = write_config(folder, model, config, ports)
     log_path = folder / "server.log"
     if kind == "ferry":
@@ -233,7 +261,6 @@ def start_server(
         ]
     else:
         raise ValueError(f"unknown server {kind!r}")
-    url = f"http://127.0.0.1:{ports['inference']}"
     # TorchServe starts its Python workers with the `python` on PATH: make it the one
     # from TorchServe's own environment.
     path = f"{Path(argv[0]).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -247,12 +274,7 @@ def start_server(
             cwd=folder,
             start_new_session=True,
         )
-    try:
-        _wait_healthy(url, process, log_path, timeout=300)
-        metrics = f"http://127.0.0.1:{ports['metrics']}/metrics" if kind == "ferry" else None
-        yield StartedServer(url, metrics, log_path, process.pid)
-    finally:
-        stop_group(process)
+    return process, f"http://127.0.0.1:{ports['inference']}"
 
 
 def stop_group(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
