@@ -32,6 +32,7 @@ from ferry.grpc.calls import on_hang_up, request_headers
 from ferry.grpc.errors import PREDICTION_CODES, error_code
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as pb_grpc
+from ferry.handlers.contract.context import SEQUENCE_END_HEADER, SEQUENCE_ID_HEADER
 from ferry.service import FerryService
 from ferry.service.pending import PendingPrediction
 from ferry.service.types import InputPart, Prediction, PredictionPart
@@ -51,10 +52,6 @@ def request_parts(request: pb.PredictionsRequest) -> list[InputPart]:
 
 async def _fail(context: Context, error: FerryError) -> Never:
     await context.abort(error_code(error, PREDICTION_CODES), error.message)
-
-
-SEQUENCE_ID = "ts_request_sequence_id"
-SEQUENCE_END = "ts_request_sequence_end"
 
 
 class _SequenceAnswer:
@@ -192,9 +189,9 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
             return answer.fail(InvalidRequest("Parameter model_name is required."))
         headers = request_headers(context)
         if sequence:
-            headers[SEQUENCE_ID] = sequence
-        if request.input.get(SEQUENCE_END, b"").strip().lower() == b"true":
-            headers[SEQUENCE_END] = "true"
+            headers[SEQUENCE_ID_HEADER] = sequence
+        if request.input.get(SEQUENCE_END_HEADER, b"").strip().lower() == b"true":
+            headers[SEQUENCE_END_HEADER] = "true"
         try:
             pending = self._service.submit(
                 request.model_name,
