@@ -70,10 +70,15 @@ def pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
 
 
 def local_workers(pinned: CoreAllocator | None) -> WorkerFactory:
-    """Workers as local processes; with ``pinned``, each one's torch threads on cores of
-    its own among them (``ferry.worker_handles.core_allocation``)."""
+    """Workers as local processes, those of a process group in processes its models share
+    (``ferry.worker_handles.hosts``); with ``pinned``, each worker of its own process has
+    its torch threads on cores of its own (``ferry.worker_handles.core_allocation``)."""
+    from ferry.worker_handles.hosts import ProcessHosts, sharing_processes
     from ferry.worker_handles.process import WorkerProcess
 
-    if pinned is None:
-        return WorkerProcess.start
-    return functools.partial(WorkerProcess.start, cores=pinned)
+    own: WorkerFactory = (
+        WorkerProcess.start
+        if pinned is None
+        else functools.partial(WorkerProcess.start, cores=pinned)
+    )
+    return sharing_processes(own, ProcessHosts())

@@ -23,6 +23,7 @@ from ferry.config.sections import (
     Reader,
     boolean,
     choice,
+    group_name,
     integer,
     integers,
     number,
@@ -56,6 +57,7 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "maxSequenceJobQueueSize": ("max_sequence_job_queue_size", integer(1)),
     "sequenceMaxIdleMSec": ("sequence_max_idle_ms", number(0.0)),
     "sequenceTimeoutMSec": ("sequence_timeout_ms", number(0.0)),
+    "processGroup": ("process_group", group_name),
 }
 
 
@@ -104,6 +106,10 @@ class ModelConfig:
     """How long a sequence may wait for its next request (``sequenceMaxIdleMSec``)."""
     sequence_timeout_ms: float | None = None
     """After this, a sequence ends at its first idle moment (``sequenceTimeoutMSec``)."""
+    process_group: str | None = None
+    """Ferry: share worker processes with the other models of this group (one torch
+    runtime for all of them: ``ferry.worker_handles.hosts``); None: the server's
+    ``share_worker_processes`` decides."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

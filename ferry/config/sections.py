@@ -19,6 +19,7 @@ functions. Unknown keys inside these sections are errors; unknown top-level keys
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -98,6 +99,19 @@ def choice(*options: str) -> Reader:
         raise ModelConfigError(f"{where}: expected one of {', '.join(options)}, got {value!r}")
 
     return read
+
+
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def group_name(value: Any, where: str) -> str:
+    """A process group's name: letters, digits, ``_ . -``, at most 64 characters."""
+    if not isinstance(value, str) or not GROUP_NAME.fullmatch(value):
+        raise ModelConfigError(
+            f"{where}: expected a name of letters, digits, '_', '.' and '-' (at most 64), "
+            f"got {value!r}"
+        )
+    return value
 
 
 def integers(minimum: int, *, scalar: bool = False) -> Reader:

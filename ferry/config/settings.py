@@ -182,6 +182,11 @@ class ServerSettings:
     max_workers_total: int = 0
     """Worker processes of all models together; more is refused at start-up (exit 2),
     registration and scaling (400). 0 derives it: ``default_max_workers_total``."""
+    share_worker_processes: str = "auto"
+    """Which models without a ``processGroup`` share worker processes (the group
+    ``shared``): ``auto``, those that would take the server past ``max_workers_total``
+    in processes of their own (at start-up, all of them then); ``always``, every one;
+    ``never``, none (past the limit is refused)."""
     max_unpacked_size: int = 4 << 30
     """Largest size, in bytes, an archive may unpack to; a larger one is refused."""
     limit_max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS

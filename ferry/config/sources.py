@@ -312,6 +312,11 @@ OPTIONS = (
     Option("log_location", "log_location", _path),
     Option("config_snapshots", "config_snapshots", _boolean),
     Option("max_workers_total", "max_workers_total", _integer(0)),
+    Option(
+        "share_worker_processes",
+        "share_worker_processes",
+        _choice("auto", "always", "never"),
+    ),
     Option("max_unpacked_size", "max_unpacked_size", _integer(1)),
     Option("limit_max_image_pixels", "limit_max_image_pixels", _pixel_limit),
     Option("allowed_image_formats", "allowed_image_formats", _image_formats),

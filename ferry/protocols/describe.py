@@ -32,6 +32,9 @@ def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
         "device": worker.device or None,
         "restarts": worker.restarts,
         "lastError": worker.last_error or None,
+        "modelMemory": worker.model_memory_bytes,
+        "modelGpuMemory": worker.model_gpu_bytes,
+        "sharedProcess": worker.shared,
     }
 
 

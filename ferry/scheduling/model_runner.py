@@ -58,6 +58,8 @@ class RunnerSettings:
     """Seconds a worker has to stop a stream nobody reads any more (``cancel_grace``)."""
     sequences: SequenceSettings | None = None
     """A stateful model's limits (``sequenceBatching``); None for any other model."""
+    process_group: str = ""
+    """The process group whose worker processes it shares; "" for processes of its own."""
 
 
 class _RunnerEvents(PoolEvents):

@@ -258,7 +258,8 @@ class WorkerPool:
         def on_busy(busy: bool) -> None:
             slot.state = SlotState.BUSY if busy else SlotState.READY
 
-        check = self._recycle.check_for(info.pid)
+        # A shared process's memory is its models' together: no one model's to recycle for.
+        check = self._recycle.check_for(None if info.shared else info.pid)
         end = await self._dispatcher.serve(worker, slot.retire, on_busy, check)
         if end is ServeEnd.RECYCLE:
             slot.recycles += 1

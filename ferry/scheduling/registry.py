@@ -47,6 +47,7 @@ class ModelVersion:
             package_dirs=[str(archive.packages)] if archive.packages else [],
             envelope=server.service_envelope,
             model_metrics=server.model_metrics,
+            process_group=settings.process_group,
         )
         runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
         return cls(archive, runner, at_startup)

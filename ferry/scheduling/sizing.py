@@ -7,7 +7,7 @@ on, kept by ``ferry.service.lifecycle``; the cores pinned workers hold, by the a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,10 +91,12 @@ def runner_settings(
     gpu_ids: tuple[int, ...],
     requested_startup_timeout: float | None = None,
     sharing_workers: int | None = None,
+    process_group: str = "",
 ) -> RunnerSettings:
     """The model version's settings: model-config.yaml first, the server's defaults
     after. ``sharing_workers``: pinned, how many workers (this model's among them) will
-    claim the free cores; None: this model's alone."""
+    claim the free cores; None: this model's alone. ``process_group``: the one chosen
+    for it (``process_group_for``)."""
     workers = worker_count(config, settings, machine)
     delay_ms = config.max_batch_delay_ms
     if delay_ms is None:
@@ -116,6 +118,7 @@ def runner_settings(
         gpu_ids=gpu_ids,
         max_workers=config.max_workers or workers,
         sequences=sequence_settings(config, workers),
+        process_group=process_group,
         recycle=RecyclePolicy(
             max_requests=config.max_requests_per_worker,
             max_rss_bytes=None
@@ -165,24 +168,92 @@ def worker_limit(settings: ServerSettings, host_cores: int) -> int:
     return settings.max_workers_total or default_max_workers_total(host_cores)
 
 
-def over_worker_limit(workers: Mapping[str, int], limit: int) -> str | None:
-    """Why running ``workers`` (per model version) would exceed ``limit`` in all, or None;
-    the reason names the two ways out.
+SHARED_GROUP = "shared"
+"""The process group of models that share processes without naming a group of their own."""
 
-    >>> over_worker_limit({"a v1": 3, "b v1": 6}, 8)[:64]
-    '9 workers in all (a v1: 3, b v1: 6) exceed the limit of 8 (max_w'
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """One model version's worker processes, for the cap: ``workers`` of its own, or a
+    place in each of ``workers`` processes of ``group``."""
+
+    label: str
+    workers: int
+    group: str = ""
+
+
+def process_count(uses: Iterable[ProcessUse]) -> int:
+    """Processes they take: each worker of its own, and per group as many as its model
+    with the most workers (a process holds one worker of each model).
+
+    >>> process_count([ProcessUse("a", 2), ProcessUse("b", 1, "g"), ProcessUse("c", 3, "g")])
+    5
     """
-    total = sum(workers.values())
+    own, groups = 0, dict[str, int]()
+    for use in uses:
+        if use.group:
+            groups[use.group] = max(groups.get(use.group, 0), use.workers)
+        else:
+            own += use.workers
+    return own + sum(groups.values())
+
+
+def process_group_for(
+    config: ModelConfig,
+    policy: str,
+    others: Iterable[ProcessUse],
+    label: str,
+    workers: int,
+    limit: int,
+) -> str:
+    """The process group of a model version about to start beside ``others``: its own
+    ``processGroup``; else by ``share_worker_processes`` (``policy``): ``always``, the
+    shared group; ``never``, none; ``auto``, none while processes of its own keep the
+    server within ``limit``, else the shared group.
+
+    >>> process_group_for(ModelConfig(), "auto", [ProcessUse("a", 8)], "b", 1, 8)
+    'shared'
+    """
+    if config.process_group:
+        return config.process_group
+    if policy == "always":
+        return SHARED_GROUP
+    if policy == "never":
+        return ""
+    fits = process_count([*others, ProcessUse(label, workers)]) <= limit
+    return "" if fits else SHARED_GROUP
+
+
+def over_worker_limit(uses: Iterable[ProcessUse], limit: int) -> str | None:
+    """Why running ``uses`` would take more than ``limit`` processes in all, or None;
+    the reason names the ways out.
+
+    >>> over_worker_limit([ProcessUse("a v1", 3), ProcessUse("b v1", 6, "g")], 5)[:77]
+    '9 worker processes in all (a v1: 3, process group g: 6 (b v1: 6)) exceed the '
+    """
+    uses = list(uses)
+    total = process_count(uses)
     if total <= limit:
         return None
-    counts = ", ".join(f"{name}: {count}" for name, count in workers.items() if count)
+    members: dict[str, list[ProcessUse]] = {}
+    parts = []
+    for use in uses:
+        if use.group:
+            members.setdefault(use.group, []).append(use)
+        elif use.workers:
+            parts.append(f"{use.label}: {use.workers}")
+    for name, group in members.items():
+        inside = ", ".join(f"{use.label}: {use.workers}" for use in group if use.workers)
+        parts.append(f"process group {name}: {process_count(group)} ({inside})")
     return (
-        f"{total} workers in all ({counts}) exceed the limit of {limit} (max_workers_total)"
-        f"{WORKER_LIMIT_FIX}"
+        f"{total} worker processes in all ({', '.join(parts)}) exceed the limit of {limit} "
+        f"(max_workers_total){WORKER_LIMIT_FIX}"
     )
 
 
 WORKER_LIMIT_FIX = (
-    "; raise it (--max-workers-total, or max_workers_total in config.properties) or give "
-    "the models fewer workers (minWorkers in their model-config.yaml)"
+    "; raise it (--max-workers-total, or max_workers_total in config.properties), give "
+    "the models fewer workers (minWorkers in their model-config.yaml), or let them share "
+    "processes (share_worker_processes=always in config.properties, or a processGroup in "
+    "their model-config.yaml)"
 )

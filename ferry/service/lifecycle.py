@@ -74,14 +74,16 @@ class ModelLifecycle:
         at_startup: bool,
         startup_timeout: float | None = None,
         sharing_workers: int | None = None,
+        share: bool = False,
     ) -> ModelVersion:
-        """Register the version and start its workers (without waiting for them).
+        """Register the version and start its workers (without waiting for them);
+        ``share``: in the shared process group unless it names one (or sharing is off).
 
         Raises ``ConfigError`` if they would take the server past ``max_workers_total``; a
         version refused here leaves nothing unpacked.
         """
         try:
-            entry = self._new_version(archive, at_startup, startup_timeout, sharing_workers)
+            entry = self._new_version(archive, at_startup, startup_timeout, sharing_workers, share)
             self.registry.add(entry)
         except FerryError:
             archive.free()
@@ -95,9 +97,18 @@ class ModelLifecycle:
         at_startup: bool,
         startup_timeout: float | None,
         sharing_workers: int | None,
+        share: bool,
     ) -> ModelVersion:
         config, machine = archive.config, self.machine
         gpu_ids = model_gpus(machine.gpus, config.device_type, config.device_ids, self._next_gpu)
+        workers = sizing.worker_count(config, self.settings, machine)
+        label = f"{archive.name} v{archive.version}"
+        policy = self.settings.share_worker_processes
+        if share and policy == "auto":
+            policy = "always"
+        group = sizing.process_group_for(
+            config, policy, self._process_uses(), label, workers, self._worker_limit()
+        )
         settings = sizing.runner_settings(
             config,
             self.settings,
@@ -105,10 +116,11 @@ class ModelLifecycle:
             gpu_ids=gpu_ids,
             requested_startup_timeout=startup_timeout,
             sharing_workers=sharing_workers,
+            process_group=group,
         )
-        refusal = self._over_worker_limit(archive, settings.workers) or _gpu_memory_refusal(
-            archive, gpu_ids, settings.workers
-        )
+        refusal = self._over_worker_limit(
+            sizing.ProcessUse(label, settings.workers, group)
+        ) or _gpu_memory_refusal(archive, gpu_ids, settings.workers)
         if refusal is not None:
             raise ConfigError(refusal)
         if gpu_ids and not config.device_ids:
@@ -118,16 +130,27 @@ class ModelLifecycle:
             archive, settings, self.settings, self._start_worker, metrics, at_startup=at_startup
         )
 
+    def _process_uses(self, replacing: ModelVersion | None = None) -> list[sizing.ProcessUse]:
+        """The worker processes of every registered version (but ``replacing``)."""
+        return [
+            sizing.ProcessUse(
+                f"{entry.archive.name} v{entry.archive.version}",
+                len(entry.runner.slots),
+                entry.runner.settings.process_group,
+            )
+            for entry in self.registry.all_versions()
+            if entry is not replacing
+        ]
+
+    def _worker_limit(self) -> int:
+        return sizing.worker_limit(self.settings, available_cores())
+
     def _over_worker_limit(
-        self, archive: ModelArchive, workers: int, replacing: ModelVersion | None = None
+        self, use: sizing.ProcessUse, replacing: ModelVersion | None = None
     ) -> str | None:
-        """Why ``workers`` for ``archive`` (instead of ``replacing``'s) would be too many."""
-        counts = {f"{archive.name} v{archive.version}": workers}
-        for entry in self.registry.all_versions():
-            if entry is not replacing:
-                counts[f"{entry.archive.name} v{entry.archive.version}"] = len(entry.runner.slots)
-        limit = sizing.worker_limit(self.settings, available_cores())
-        return sizing.over_worker_limit(counts, limit)
+        """Why ``use`` (instead of ``replacing``'s processes) would be too many."""
+        uses = [use, *self._process_uses(replacing)]
+        return sizing.over_worker_limit(uses, self._worker_limit())
 
     async def _unless_loaded(self, entry: ModelVersion) -> None:
         """Once every worker has tried to start: if none could, unregister the version
@@ -155,11 +178,19 @@ class ModelLifecycle:
         self.opening_startup_models = True
         try:
             archives = await self.archives.startup_models(store)
-            sharing = sum(
-                sizing.worker_count(a.config, self.settings, self.machine) for a in archives
+            counts = [sizing.worker_count(a.config, self.settings, self.machine) for a in archives]
+            sharing = sum(counts)
+            # Past the cap in processes of their own, they share from the first on: packing
+            # only those that come last would leave most processes to the first few.
+            share = (
+                sizing.process_count(
+                    sizing.ProcessUse(a.name, count, a.config.process_group or "")
+                    for a, count in zip(archives, counts, strict=True)
+                )
+                > self._worker_limit()
             )
             started = [
-                self.start(archive, at_startup=True, sharing_workers=sharing)
+                self.start(archive, at_startup=True, sharing_workers=sharing, share=share)
                 for archive in archives
             ]
         finally:
@@ -245,7 +276,12 @@ class ModelLifecycle:
         threads_before = runner.settings.torch_threads
         added = min_worker - len(runner.slots)
         if added > 0:
-            refusal = self._over_worker_limit(entry.archive, min_worker, replacing=entry)
+            use = sizing.ProcessUse(
+                f"{entry.archive.name} v{entry.archive.version}",
+                min_worker,
+                runner.settings.process_group,
+            )
+            refusal = self._over_worker_limit(use, replacing=entry)
             if refusal is not None:
                 raise InvalidRequest(refusal)
             # The model's share for its new worker count (registered with none, TorchServe's

@@ -32,6 +32,11 @@ class WorkerStatus:
     device: str
     restarts: int
     last_error: str
+    model_memory_bytes: int = 0
+    """What loading the model added to its process's memory, measured at the load."""
+    model_gpu_bytes: int = 0
+    shared: bool = False
+    """Its process hosts other models too (``processGroup``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ def _worker_status(slot: WorkerSlot) -> WorkerStatus:
         device=device,
         restarts=slot.restarts,
         last_error=slot.last_error,
+        model_memory_bytes=info.footprint_bytes if info is not None else 0,
+        model_gpu_bytes=info.gpu_bytes if info is not None else 0,
+        shared=info.shared if info is not None else False,
     )
 
 
@@ -107,8 +115,14 @@ def model_status(entry: ModelVersion) -> ModelStatus:
         client_timeout_ms=runner.settings.client_timeout_ms,
         deadline_action=runner.settings.deadline_action,
         batch_policy=runner.queue.describe(),
-        extra=_sequence_fields(runner),
+        extra={**_sequence_fields(runner), **_group_fields(runner)},
     )
+
+
+def _group_fields(runner: ModelRunner) -> dict[str, Any]:
+    """Ferry: the process group whose processes the model shares, when it shares any."""
+    group = runner.settings.process_group
+    return {"processGroup": group} if group else {}
 
 
 def _sequence_fields(runner: ModelRunner) -> dict[str, Any]:

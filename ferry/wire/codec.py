@@ -59,7 +59,7 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
     if isinstance(message, CancelRequests):
         return _CANCEL, [message.batch_id, message.request_ids]
     if isinstance(message, WorkerReady):
-        return _READY, [message.pid, message.device]
+        return _READY, [message.pid, message.device, message.footprint_bytes, message.gpu_bytes]
     if isinstance(message, StartWorker):
         return _START, [message.spec]
     return _LOAD_FAILED, [message.message]

@@ -43,6 +43,22 @@ _request_ids: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 )
 
 
+_source: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "ferry_log_source", default=None
+)
+
+
+@contextmanager
+def source(label: str) -> Iterator[None]:
+    """Records made inside the block name ``label`` (the model of a process that hosts
+    several: ``ferry.worker.host``)."""
+    token = _source.set(label)
+    try:
+        yield
+    finally:
+        _source.reset(token)
+
+
 @contextmanager
 def request_ids(ids: Sequence[str]) -> Iterator[None]:
     """Records made inside the block (in this thread or context) carry these request ids."""
@@ -70,6 +86,8 @@ class ForwardedRecord:
     message: str
     exc: str | None
     request_id: RequestIds
+    source: str | None = None
+    """Which model of a process hosting several made it (``source``)."""
 
 
 class ForwardFormatter(logging.Formatter):
@@ -85,6 +103,8 @@ class ForwardFormatter(logging.Formatter):
             "exc": exc,
             "request_id": current_request_ids(),
         }
+        if (label := _source.get()) is not None:
+            document["source"] = label
         return MARKER + _fit(document)
 
     def _exception_text(self, record: logging.LogRecord) -> str | None:
@@ -130,14 +150,16 @@ def parse_forwarded(line: str) -> ForwardedRecord | None:
     if not isinstance(document, dict):
         return None
     levelno, logger, message = (document.get(k) for k in ("levelno", "logger", "message"))
-    exc, ids = document.get("exc"), document.get("request_id")
+    exc, ids, label = document.get("exc"), document.get("request_id"), document.get("source")
     if not (isinstance(levelno, int) and isinstance(logger, str) and isinstance(message, str)):
         return None
     if exc is not None and not isinstance(exc, str):
         return None
     if not (ids is None or isinstance(ids, str) or _is_str_list(ids)):
         return None
-    return ForwardedRecord(levelno, logger, message, exc, ids)
+    if label is not None and not isinstance(label, str):
+        return None
+    return ForwardedRecord(levelno, logger, message, exc, ids, label)
 
 
 def _is_str_list(value: object) -> bool:

@@ -20,6 +20,11 @@ DEVICE_FAILED_EXIT = 70
 """A worker's exit status after a sticky GPU error (``ferry.worker.device_failure``): it
 left the batch that met the error unanswered, as a crash would."""
 
+HOST_READY = b"R"
+"""A host's one message on its control socket (``ferry.worker.host``): torch is imported."""
+MODEL_SOCKET = b"M"
+"""The byte the frontend sends a host with each model's socket (its file descriptor)."""
+
 
 @dataclass(frozen=True)
 class InputPart:
@@ -116,6 +121,10 @@ class StartWorker:
 class WorkerReady:
     pid: int
     device: str
+    footprint_bytes: int = 0
+    """What loading the model added to the process's resident memory."""
+    gpu_bytes: int = 0
+    """What loading it added to the GPU memory torch holds (0 on a CPU)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ class WorkerSpec:
     """TorchServe's request envelope around the handler (``service_envelope``); "" for none."""
     model_metrics: tuple[ModelMetric, ...] = TORCHSERVE_MODEL_METRICS
     """The model metrics the handler finds declared (the server's ``metrics_config``)."""
+    process_group: str = ""
+    """The process group whose processes it shares with other models
+    (``ferry.worker_handles.hosts``); "" for a process of its own."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ never a fork, so CUDA state is never inherited); its first frame is its ``Worker
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from ferry.wire.messages import (
     WorkerReady,
 )
 from ferry.wire.spec import WorkerSpec
+from ferry.worker.footprint import FootprintMeter
 from ferry.worker.helper_threads import (
     handler_thread_work,
     helper_placement,
@@ -31,7 +33,7 @@ from ferry.worker.helper_threads import (
 )
 from ferry.worker.inbox import Inbox
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
-from ferry.worker.loading import load_handler
+from ferry.worker.loading import ReadyHandler, load_handler
 from ferry.worker.pinned_cores import forget_pinning
 from ferry.worker.runner import BatchRunner
 from ferry.worker.torch_setup import configure_torch
@@ -53,8 +55,8 @@ class FrameSender:
             self._sock.sendall(frame)
 
 
-def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
-    """The batch runner over the loaded handler, and the device the handler chose."""
+def _load(spec: WorkerSpec, send: FrameSender) -> tuple[ReadyHandler, BatchRunner, str]:
+    """The loaded handler, the batch runner over it, and the device the handler chose."""
     ready = load_handler(
         spec.model_dir,
         spec.handler,
@@ -69,7 +71,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[BatchRunner, str]:
         model_metrics=spec.model_metrics,
     )
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
-    return runner, _chosen_device(ready.instance, spec)
+    return ready, runner, _chosen_device(ready.instance, spec)
 
 
 def _chosen_device(handler: object, spec: WorkerSpec) -> str:
@@ -84,18 +86,40 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
     return device
 
 
-def serve(sock: socket.socket, inbox: Inbox, spec: WorkerSpec, place_helpers: bool = False) -> int:
+def serve(
+    sock: socket.socket,
+    inbox: Inbox,
+    spec: WorkerSpec,
+    place_helpers: bool = False,
+    *,
+    loading: contextlib.AbstractContextManager[object] | None = None,
+    unload: bool = False,
+) -> int:
+    """Load the handler, then answer batches until the frontend closes the socket.
+    ``loading``: held around the load (a process hosting several models loads one at a
+    time); ``unload``: stop the handler's stage pipeline at the end (the process lives on)."""
     send = FrameSender(sock)
     threads_before = threads_before_load() if place_helpers else None
     try:
-        runner, device = _load(spec, send)
+        with loading or contextlib.nullcontext():
+            meter = FootprintMeter()
+            ready, runner, device = _load(spec, send)
+            footprint = meter.measured()
     except Exception as exc:
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     if place_helpers:
         install(helper_placement(threads_before))
-    send(WorkerReady(os.getpid(), device))
+    send(WorkerReady(os.getpid(), device, footprint.resident_bytes, footprint.gpu_bytes))
+    try:
+        return _answer_batches(inbox, runner, send)
+    finally:
+        if unload:
+            ready.close()
+
+
+def _answer_batches(inbox: Inbox, runner: BatchRunner, send: FrameSender) -> int:
     while (message := inbox.next_batch()) is not None:
         with handler_thread_work():
             answer = runner.run(message, inbox.is_cancelled)

@@ -59,6 +59,12 @@ class WorkerInfo:
     pid: int | None
     device: str
     """Where the handler actually runs (``cpu``, ``cuda:0`` ...), as the worker reported it."""
+    footprint_bytes: int = 0
+    """What loading the model added to its process's resident memory, as measured there."""
+    gpu_bytes: int = 0
+    """What loading it added to the GPU memory torch holds."""
+    shared: bool = False
+    """Its process hosts other models too (``ferry.worker_handles.hosts``)."""
 
 
 class WorkerHandle(Protocol):

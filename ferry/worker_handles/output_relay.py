@@ -44,6 +44,8 @@ def relay_line(output: logging.Logger, prefix: str, text: str) -> None:
     if forwarded is None:
         output.info("%s %s", prefix, Verbatim(text))  # the handler's own output, as written
     elif output.isEnabledFor(forwarded.levelno):
+        if forwarded.source is not None:  # a model of a process that hosts several
+            prefix = f"{prefix} [{forwarded.source}]"
         output.handle(_record(output, prefix, forwarded))
 
 

@@ -10,7 +10,6 @@ import socket
 import sys
 from typing import Any
 
-from ferry.wire import codec
 from ferry.wire.environment import (
     PINNED_BY_FERRY,
     gpu_environment,
@@ -18,25 +17,16 @@ from ferry.wire.environment import (
     user_pins_threads,
     worker_environment,
 )
-from ferry.wire.messages import (
-    BatchResult,
-    CancelRequests,
-    Message,
-    PartialResult,
-    PredictBatch,
-    StartWorker,
-    WorkerLoadFailed,
-    WorkerReady,
-)
 from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.connection import WorkerConnection, start_failure
 from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
-from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
+from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
 
 log = logging.getLogger("ferry.worker")
 
 
-class WorkerProcess:
+class WorkerProcess(WorkerConnection):
     """One spawned worker and the socket pair that connects it to the frontend; a
     ``WorkerHandle`` (``ferry.worker_handles.handle``)."""
 
@@ -47,12 +37,8 @@ class WorkerProcess:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, process.pid, reader, writer)
         self.process = process
-        self._reader = reader
-        self._writer = writer
-        self.pid = process.pid
-        self.device = "unknown"
         self.cores: CoreClaim | None = None
         """The cores it was pinned to (``start`` with an allocator), released once."""
         self.exited: asyncio.Future[Any] = asyncio.ensure_future(process.wait())
@@ -62,7 +48,7 @@ class WorkerProcess:
 
     @property
     def info(self) -> WorkerInfo:
-        return WorkerInfo(self.pid, self.device)
+        return WorkerInfo(self.pid, self.device, self.footprint_bytes, self.gpu_bytes)
 
     @classmethod
     async def start(
@@ -123,48 +109,11 @@ class WorkerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 parent_sock.close()
-            failure = _start_failure(exc)
+            failure = start_failure(exc)
             if failure is exc:
                 raise
             raise failure from exc
         return worker
-
-    async def _handshake(self, spec: WorkerSpec) -> None:
-        self._writer.write(codec.encode(StartWorker(spec.to_dict())))
-        await self._writer.drain()
-        message = await self._receive()
-        if isinstance(message, WorkerLoadFailed):
-            raise WorkerStartFailed(StartFailure.LOAD_ERROR, message.message)
-        if not isinstance(message, WorkerReady):
-            raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
-        self.device = message.device
-
-    async def _receive(self) -> Message:
-        try:
-            header = await self._reader.readexactly(codec.FRAME_HEADER.size)
-            payload = await self._reader.readexactly(codec.frame_length(header))
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            raise WorkerGone(f"worker {self.pid} closed its connection") from exc
-        return codec.decode(payload)
-
-    async def send(self, batch: PredictBatch) -> None:
-        if self._writer.is_closing():
-            raise WorkerGone(f"worker {self.pid} is gone")
-        self._writer.write(codec.encode(batch))
-        try:
-            await self._writer.drain()
-        except ConnectionError as exc:
-            raise WorkerGone(f"worker {self.pid} is gone") from exc
-
-    async def receive(self) -> BatchResult | PartialResult:
-        message = await self._receive()
-        if not isinstance(message, BatchResult | PartialResult):
-            raise codec.ProtocolError(f"worker {self.pid} sent {type(message).__name__}")
-        return message
-
-    def cancel(self, batch_id: int, request_ids: list[str]) -> None:
-        if not self._writer.is_closing():  # a few bytes: written without waiting
-            self._writer.write(codec.encode(CancelRequests(batch_id, request_ids)))
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -209,18 +158,3 @@ async def _spawn(child_sock: socket.socket, env: dict[str, str]) -> asyncio.subp
         stderr=asyncio.subprocess.STDOUT,
         env=env,
     )
-
-
-def _start_failure(exc: BaseException) -> BaseException:
-    """The ``WorkerStartFailed`` that explains ``exc`` (cancellation passes through)."""
-    if isinstance(exc, WorkerStartFailed | asyncio.CancelledError):
-        return exc
-    if isinstance(exc, TimeoutError):
-        return WorkerStartFailed(StartFailure.TIMEOUT, "worker timed out loading")
-    if isinstance(exc, WorkerGone):
-        return WorkerStartFailed(StartFailure.EXITED, "worker exited while loading")
-    if isinstance(exc, codec.ProtocolError):
-        return WorkerStartFailed(StartFailure.PROTOCOL, f"worker broke the protocol: {exc}")
-    if isinstance(exc, Exception):
-        return WorkerStartFailed(StartFailure.EXITED, f"worker failed to start: {exc}")
-    return exc

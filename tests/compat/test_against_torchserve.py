@@ -52,7 +52,14 @@ FERRY_DESCRIBE_EXTRAS = {
     "deadlineAction",
 }
 """Fields Ferry's describe adds to TorchServe's (docs/management.md, "Health and readiness")."""
-FERRY_WORKER_EXTRAS = {"device", "restarts", "lastError"}
+FERRY_WORKER_EXTRAS = {
+    "device",
+    "restarts",
+    "lastError",
+    "modelMemory",
+    "modelGpuMemory",
+    "sharedProcess",
+}
 
 
 @dataclass

@@ -85,12 +85,15 @@ def test_workers_past_the_cap_are_refused(limited: RunningServer, tmpdir: Path) 
             scaled = api.put("/models/capped", params={"min_worker": 10000})
             message = assert_error(scaled, 400, "BadRequestException")
             assert message.startswith(
-                "10000 workers in all (capped v1.0: 10000) exceed the limit of 2 "
+                "10000 worker processes in all (capped v1.0: 10000) exceed the limit of 2 "
                 "(max_workers_total); raise it (--max-workers-total"
             )
             crowd = api.post("/models", params={"url": "crowd.mar", "initial_workers": 2})
             message = assert_error(crowd, 400, "BadRequestException")
-            assert "3 workers in all" in message and "limit of 2 (max_workers_total)" in message
+            assert (
+                "3 worker processes in all" in message
+                and "limit of 2 (max_workers_total)" in message
+            )
             assert api.get("/models/crowd").status_code == 404
             assert len(_unpacked_models(tmpdir)) == 1  # the refused archive is gone
             assert len(api.get("/models/capped").json()[0]["workers"]) == 1
@@ -98,22 +101,37 @@ def test_workers_past_the_cap_are_refused(limited: RunningServer, tmpdir: Path) 
             api.delete("/models/capped")
 
 
-def test_start_up_past_the_worker_cap_exits_2_naming_the_models(tmp_path: Path) -> None:
+def test_start_up_past_the_worker_cap_shares_processes_unless_told_never(
+    tmp_path: Path,
+) -> None:
+    """Two models, a cap of one process: by default they share it (both answer, from one
+    pid); with ``share_worker_processes=never`` start-up exits 2 naming the ways out."""
     for name in ("first", "second"):
         digest_archive(tmp_path, name)
+    models = ["first.mar", "second.mar"]
+    with ferry_server(tmp_path, models, tmp_path, "--max-workers-total", "1") as server:
+        with server.client() as client:
+            for name in ("first", "second"):
+                assert client.post(f"/predictions/{name}", content=b"x").status_code == 200
+        with server.management() as api:
+            pids = {
+                api.get(f"/models/{n}").json()[0]["workers"][0]["pid"] for n in ("first", "second")
+            }
+        assert len(pids) == 1
     result = run_ferry(
         *serve_args(
             tmp_path,
             "--models",
-            "first.mar",
-            "second.mar",
+            *models,
             "--max-workers-total",
             "1",
+            "--share-worker-processes",
+            "never",
             "--disable-token-auth",
         )
     )
     assert result.returncode == 2, result.stderr
     assert (
-        "2 workers in all (second v1.0: 1, first v1.0: 1) exceed the limit of 1 "
+        "2 worker processes in all (second v1.0: 1, first v1.0: 1) exceed the limit of 1 "
         "(max_workers_total)" in result.stderr
     )

@@ -21,13 +21,21 @@ import torch
 from PIL import Image, ImageFile
 
 from ferry.config.image_limits import ImageLimits
+from ferry.config.model_config import ModelConfig
 from ferry.config.settings import ServerSettings, default_max_workers_total
 from ferry.config.sources import load_settings
 from ferry.errors import ArchiveError, ConfigError, InvalidInput, InvalidRequest, ModelLoadFailed
 from ferry.handlers.builtin.image_classifier import ImageClassifier
 from ferry.handlers.builtin.vision import ImageTransform
 from ferry.handlers.contract.context import Context
-from ferry.scheduling.sizing import over_worker_limit
+from ferry.scheduling.sizing import (
+    SHARED_GROUP,
+    WORKER_LIMIT_FIX,
+    ProcessUse,
+    over_worker_limit,
+    process_count,
+    process_group_for,
+)
 from ferry.service import FerryService
 from ferry.service.types import RegisterRequest
 from ferry.store import ArchiveSpec, open_model, write_archive
@@ -335,11 +343,11 @@ def test_the_limits_are_settings() -> None:
     assert ImageTransform().decode(_encoded("JPEG")).size == (40, 30)
 
 
-def _jpeg_claiming(width: int, height: int) -> bytes:
-    """A small JPEG whose header (SOF0) claims ``width`` x ``height``."""
+def _jpeg_claiming(width: int, hseven: int) -> bytes:
+    """A small JPEG whose header (SOF0) claims ``width`` x ``hseven``."""
     data = bytearray(_encoded("JPEG"))
     sof = data.index(b"\xff\xc0")
-    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    data[sof + 5 : sof + 9] = hseven.to_bytes(2, "big") + width.to_bytes(2, "big")
     return bytes(data)
 
 
@@ -410,13 +418,38 @@ def test_image_settings_read_torchserves_values() -> None:
 
 
 def test_the_worker_limit_names_the_models_and_the_cap() -> None:
-    assert over_worker_limit({"a v1.0": 3, "b v1.0": 5}, 8) is None
-    assert over_worker_limit({"a v1.0": 3, "b v1.0": 6, "c v1.0": 0}, 8) == (
-        "9 workers in all (a v1.0: 3, b v1.0: 6) exceed the limit of 8 (max_workers_total); "
-        "raise it (--max-workers-total, or max_workers_total in config.properties) or give "
-        "the models fewer workers (minWorkers in their model-config.yaml)"
+    assert over_worker_limit([ProcessUse("a v1.0", 3), ProcessUse("b v1.0", 5)], 8) is None
+    uses = [ProcessUse("a v1.0", 3), ProcessUse("b v1.0", 6), ProcessUse("c v1.0", 0)]
+    assert over_worker_limit(uses, 8) == (
+        "9 worker processes in all (a v1.0: 3, b v1.0: 6) exceed the limit of 8 "
+        "(max_workers_total); raise it (--max-workers-total, or max_workers_total in "
+        "config.properties), give the models fewer workers (minWorkers in their "
+        "model-config.yaml), or let them share processes (share_worker_processes=always in "
+        "config.properties, or a processGroup in their model-config.yaml)"
     )
     assert default_max_workers_total(2) == 8 and default_max_workers_total(16) == 32
+
+
+def test_a_process_group_counts_the_processes_of_its_busiest_model() -> None:
+    uses = [ProcessUse("a v1", 1, "g"), ProcessUse("b v1", 3, "g"), ProcessUse("c v1", 2)]
+    assert process_count(uses) == 5
+    assert over_worker_limit(uses, 5) is None
+    assert over_worker_limit(uses, 4) == (
+        "5 worker processes in all (c v1: 2, process group g: 3 (a v1: 1, b v1: 3)) exceed "
+        "the limit of 4 (max_workers_total)" + WORKER_LIMIT_FIX
+    )
+
+
+def test_auto_sharing_keeps_own_processes_while_they_fit() -> None:
+    seven = [ProcessUse(f"m{i}", 1) for i in range(7)]
+    assert process_group_for(ModelConfig(), "auto", seven, "new", 1, 8) == ""
+    assert process_group_for(ModelConfig(), "auto", [*seven, ProcessUse("x", 1)], "new", 1, 8) == (
+        SHARED_GROUP
+    )
+    assert process_group_for(ModelConfig(), "always", [], "new", 1, 8) == SHARED_GROUP
+    assert process_group_for(ModelConfig(), "never", seven * 2, "new", 1, 8) == ""
+    named = ModelConfig(process_group="vision")
+    assert process_group_for(named, "never", [], "new", 1, 8) == "vision"
 
 
 def test_start_up_over_the_worker_limit_is_a_config_error(store: Path) -> None:
@@ -425,8 +458,8 @@ def test_start_up_over_the_worker_limit_is_a_config_error(store: Path) -> None:
         with pytest.raises(ConfigError) as refused:
             await service.load_startup_models()
         assert refused.value.message.startswith(
-            "7 workers in all (many v1.0: 6, good v1.0: 1) exceed the limit of 4 "
-            "(max_workers_total); raise it"
+            "6 worker processes in all (process group shared: 6 (many v1.0: 6, good v1.0: 1)) "
+            "exceed the limit of 4 (max_workers_total); raise it"
         )
         await service.close()
 
@@ -440,7 +473,9 @@ def test_registration_and_scaling_past_the_worker_limit_are_refused(store: Path)
         with pytest.raises(ConfigError, match=r"limit of 4 \(max_workers_total\)"):
             await service.register(RegisterRequest(url="many.mar"))
         assert [p.name.partition("-")[0] for p in _unpacked(service)] == ["good"]
-        with pytest.raises(InvalidRequest, match=r"10000 workers in all \(good v1.0: 10000\)"):
+        with pytest.raises(
+            InvalidRequest, match=r"10000 worker processes in all \(good v1.0: 10000\)"
+        ):
             await service.scale("good", None, 10000, 10000, synchronous=False)
         scaled = await service.scale("good", None, 4, 4, synchronous=True)
         assert scaled.workers == 4

@@ -1,0 +1,127 @@
+"""A worker process that hosts several models: one torch runtime (and, on a GPU, one CUDA
+context) under many handlers.
+
+Started by the frontend as ``python -P -m ferry.worker.host --fd N --threads T``. Its
+control socket carries one thing: the sockets of the models it is to host, passed as file
+descriptors (``SCM_RIGHTS``). Each model runs on a thread of its own exactly as it would
+in a worker of its own (``ferry.worker.main.serve``: its spec first, then its batches), so
+the frontend talks to a hosted model as to any worker. Loads run one at a time, which keeps
+each model's measured footprint its own and lets a model import files named like a
+neighbour's: the modules a load imports from the model's folder are taken out of
+``sys.modules`` again (the handler keeps them), so the next model's ``model.py`` is its own.
+
+The process ends when the frontend closes the control socket, when a model's GPU context
+fails (every neighbour shares it), or when it is killed: a hung handler cannot be stopped
+on its own, so the frontend kills the host and restarts every model it held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ferry.wire import log_forward
+from ferry.wire.messages import DEVICE_FAILED_EXIT, HOST_READY
+from ferry.wire.spec import WorkerSpec
+from ferry.worker.inbox import Inbox
+from ferry.worker.lifetime import die_with_parent, ignore_interrupts
+from ferry.worker.main import read_spec, serve
+from ferry.worker.torch_setup import configure_torch
+
+log = logging.getLogger("ferry.worker")
+
+_loads = threading.Lock()
+
+
+@contextlib.contextmanager
+def loading_alone(spec: WorkerSpec) -> Iterator[None]:
+    """One load at a time; the modules it imported from the model's own folders are
+    forgotten afterwards (and those folders leave ``sys.path``), so that neighbours with
+    files of the same name each import their own."""
+    folders = tuple(str(Path(f).resolve()) for f in (spec.model_dir, *spec.package_dirs))
+    with _loads:
+        try:
+            yield
+        finally:
+            _forget_modules_under(folders)
+            sys.path[:] = [p for p in sys.path if str(Path(p).resolve()) not in folders]
+
+
+def _forget_modules_under(folders: tuple[str, ...]) -> None:
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and str(Path(file).resolve()).startswith(tuple(f + os.sep for f in folders)):
+            del sys.modules[name]
+
+
+def host_model(fd: int) -> None:
+    """Serve one model on the socket ``fd`` until the frontend closes it, then let it go."""
+    with socket.socket(fileno=fd) as sock:
+        inbox = Inbox(sock)
+        spec = read_spec(inbox)
+        if spec is None:
+            return
+        with log_forward.source(f"{spec.model_name} {spec.worker_id}"):
+            status = serve(sock, inbox, spec, loading=loading_alone(spec), unload=True)
+    if status == DEVICE_FAILED_EXIT:
+        # The CUDA context is the whole process's: every model in it is lost.
+        log.error("exiting: the GPU context is unusable; every model of this process goes")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(DEVICE_FAILED_EXIT)
+    gc.collect()  # the handler and its weights, now that nothing refers to them
+    _give_back_freed_memory()
+
+
+def _give_back_freed_memory() -> None:
+    """Return freed heap to the system (glibc keeps it otherwise) and, on a GPU, the
+    cached blocks torch's allocator holds, so an unloaded model's memory is free again."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def run_host(control: socket.socket) -> None:
+    """Start a thread per model socket that arrives, until the control socket closes."""
+    control.sendall(HOST_READY)
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1, 1)
+        if not message:
+            for fd in fds:
+                os.close(fd)
+            return
+        for fd in fds:
+            threading.Thread(target=host_model, args=(fd,), name=f"model-{fd}").start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ferry-worker-host")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    ignore_interrupts()
+    log_forward.install(logging.INFO)
+    configure_torch(args.threads)
+    with socket.socket(fileno=args.fd) as control:
+        run_host(control)
+    # The frontend let go of the host: models still running are being unloaded anyway.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

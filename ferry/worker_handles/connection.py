@@ -1,0 +1,93 @@
+"""The frontend's end of one worker's socket: the exchange every worker handle speaks,
+whether the worker has a process of its own (``process``) or shares one (``hosts``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ferry.wire import codec
+from ferry.wire.messages import (
+    BatchResult,
+    CancelRequests,
+    Message,
+    PartialResult,
+    PredictBatch,
+    StartWorker,
+    WorkerLoadFailed,
+    WorkerReady,
+)
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerStartFailed
+
+
+class WorkerConnection:
+    """Frames to and from one worker; counts the batches it holds unanswered."""
+
+    def __init__(
+        self, spec: WorkerSpec, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.spec = spec
+        self.pid = pid
+        self._reader = reader
+        self._writer = writer
+        self.device = "unknown"
+        self.footprint_bytes = 0
+        self.gpu_bytes = 0
+        self.batches_held = 0
+        """Batches sent and not yet answered: a worker killed holding some takes them along."""
+
+    async def _handshake(self, spec: WorkerSpec) -> None:
+        self._writer.write(codec.encode(StartWorker(spec.to_dict())))
+        await self._writer.drain()
+        message = await self._receive()
+        if isinstance(message, WorkerLoadFailed):
+            raise WorkerStartFailed(StartFailure.LOAD_ERROR, message.message)
+        if not isinstance(message, WorkerReady):
+            raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
+        self.device = message.device
+        self.footprint_bytes, self.gpu_bytes = message.footprint_bytes, message.gpu_bytes
+
+    async def _receive(self) -> Message:
+        try:
+            header = await self._reader.readexactly(codec.FRAME_HEADER.size)
+            payload = await self._reader.readexactly(codec.frame_length(header))
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise WorkerGone(f"worker {self.pid} closed its connection") from exc
+        return codec.decode(payload)
+
+    async def send(self, batch: PredictBatch) -> None:
+        if self._writer.is_closing():
+            raise WorkerGone(f"worker {self.pid} is gone")
+        self.batches_held += 1
+        self._writer.write(codec.encode(batch))
+        try:
+            await self._writer.drain()
+        except ConnectionError as exc:
+            raise WorkerGone(f"worker {self.pid} is gone") from exc
+
+    async def receive(self) -> BatchResult | PartialResult:
+        message = await self._receive()
+        if not isinstance(message, BatchResult | PartialResult):
+            raise codec.ProtocolError(f"worker {self.pid} sent {type(message).__name__}")
+        if isinstance(message, BatchResult):
+            self.batches_held -= 1
+        return message
+
+    def cancel(self, batch_id: int, request_ids: list[str]) -> None:
+        if not self._writer.is_closing():  # a few bytes: written without waiting
+            self._writer.write(codec.encode(CancelRequests(batch_id, request_ids)))
+
+
+def start_failure(exc: BaseException) -> BaseException:
+    """The ``WorkerStartFailed`` that explains ``exc`` (cancellation passes through)."""
+    if isinstance(exc, WorkerStartFailed | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return WorkerStartFailed(StartFailure.TIMEOUT, "worker timed out loading")
+    if isinstance(exc, WorkerGone):
+        return WorkerStartFailed(StartFailure.EXITED, "worker exited while loading")
+    if isinstance(exc, codec.ProtocolError):
+        return WorkerStartFailed(StartFailure.PROTOCOL, f"worker broke the protocol: {exc}")
+    if isinstance(exc, Exception):
+        return WorkerStartFailed(StartFailure.EXITED, f"worker failed to start: {exc}")
+    return exc

@@ -1,0 +1,201 @@
+"""Models sharing a worker process (``ferry.worker_handles.hosts``), with real processes:
+one process for a group, each model its own handler (same-named files included), an
+unloaded model's place free again, a hung or crashing model taking the host down and
+every neighbour told, a load that fails failing alone."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from ferry.wire.messages import BatchResult, InputPart, PredictBatch, RequestItem
+from ferry.wire.spec import WorkerSpec
+from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerStartFailed
+from ferry.worker_handles.hosts import HostedWorker, ProcessHosts
+from tests.fixtures.fake_worker import spec
+
+# Two models whose handler files have the same name, each importing its own model.py.
+HANDLER = """
+import os
+import model
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    answers = []
+    for row in data:
+        body = row.get("body") or b""
+        if body == b"crash":
+            os._exit(3)
+        if body == b"hang":
+            import threading
+            threading.Event().wait()
+        answers.append({"model": model.NAME, "pid": os.getpid()})
+    return answers
+"""
+
+FAILING_HANDLER = """
+raise RuntimeError("this model cannot load")
+"""
+
+TIMEOUT = 60.0
+
+
+def model_folder(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "handler.py").write_text(HANDLER)
+    (folder / "model.py").write_text(f"NAME = {name!r}\n")
+    return folder
+
+
+def grouped(root: Path, name: str, group: str = "shared") -> WorkerSpec:
+    return dataclasses.replace(
+        spec(),
+        model_name=name,
+        model_dir=str(model_folder(root, name)),
+        handler="handler:handle",
+        process_group=group,
+    )
+
+
+async def ask(worker: HostedWorker, body: bytes) -> dict[str, object]:
+    item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", body)])
+    await worker.send(PredictBatch(1, [item]))
+    result = await asyncio.wait_for(worker.receive(), TIMEOUT)
+    assert isinstance(result, BatchResult)
+    (answer,) = result.results
+    return json.loads(answer.body)  # type: ignore[no-any-return]
+
+
+def run(scenario: Callable[[ProcessHosts], Awaitable[None]]) -> None:
+    async def main() -> None:
+        hosts = ProcessHosts()
+        try:
+            await scenario(hosts)
+        finally:
+            for host in hosts.processes():
+                host.kill()
+                await asyncio.wait_for(asyncio.shield(host.exited), TIMEOUT)
+
+    asyncio.run(main())
+
+
+def test_models_of_a_group_share_one_process_each_with_its_own_files(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
+        assert a.pid == b.pid and a.info.shared
+        assert len(hosts.processes()) == 1
+        assert await ask(a, b"x") == {"model": "a", "pid": a.pid}
+        assert await ask(b, b"x") == {"model": "b", "pid": a.pid}
+        assert a.info.footprint_bytes >= 0
+
+    run(scenario)
+
+
+def test_a_second_worker_of_a_model_goes_to_a_second_host(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        first = grouped(tmp_path, "a")
+        one = await hosts.start(first, TIMEOUT)
+        two = await hosts.start(dataclasses.replace(first, worker_id="w1.0"), TIMEOUT)
+        assert one.pid != two.pid
+
+    run(scenario)
+
+
+def test_an_unloaded_model_frees_its_place_and_an_empty_host_ends(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a_spec = grouped(tmp_path, "a")
+        a = await hosts.start(a_spec, TIMEOUT)
+        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
+        host = a.host
+        a.kill()
+        assert await a.exited == 0
+        again = await hosts.start(a_spec, TIMEOUT)  # the same host has room again
+        assert again.pid == b.pid
+        assert await ask(again, b"x") == {"model": "a", "pid": b.pid}
+        again.kill()
+        b.kill()
+        assert await asyncio.wait_for(asyncio.shield(host.exited), TIMEOUT) == 0
+
+    run(scenario)
+
+
+def test_a_crash_takes_the_host_down_and_only_the_lone_busy_model_is_blamed(
+    tmp_path: Path,
+) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
+        item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"crash")])
+        await a.send(PredictBatch(1, [item]))
+        with pytest.raises(WorkerGone):
+            await asyncio.wait_for(a.receive(), TIMEOUT)
+        assert await asyncio.wait_for(asyncio.shield(a.exited), TIMEOUT) == 3
+        assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
+        fresh = await hosts.start(grouped(tmp_path / "sub", "c"), TIMEOUT)
+        assert fresh.pid != a.pid
+
+    (tmp_path / "sub").mkdir()
+    run(scenario)
+
+
+def test_killing_a_hung_model_kills_its_host_and_neighbours_see_it(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
+        item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"hang")])
+        await a.send(PredictBatch(1, [item]))
+        a.kill()  # what the dispatcher does when the batch times out
+        assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
+        with pytest.raises(WorkerGone):
+            await asyncio.wait_for(ask(b, b"x"), TIMEOUT)
+
+    run(scenario)
+
+
+def test_a_model_that_fails_to_load_fails_alone(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "handler.py").write_text(FAILING_HANDLER)
+        bad = dataclasses.replace(
+            spec(),
+            model_name="broken",
+            model_dir=str(broken),
+            handler="handler:handle",
+            process_group="shared",
+        )
+        with pytest.raises(WorkerStartFailed) as failure:
+            await hosts.start(bad, TIMEOUT)
+        assert failure.value.kind is StartFailure.LOAD_ERROR
+        assert "this model cannot load" in failure.value.message
+        assert await ask(a, b"x") == {"model": "a", "pid": a.pid}
+
+    run(scenario)
+
+
+def test_a_crash_while_a_neighbour_runs_a_batch_blames_neither(tmp_path: Path) -> None:
+    """Two models busy when the process died: either batch may be the cause, so both
+    report an outside kill, and the dispatcher retries their requests."""
+
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
+        hang = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"hang")])
+        crash = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"crash")])
+        await a.send(PredictBatch(1, [hang]))
+        await b.send(PredictBatch(1, [crash]))
+        assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
+        assert await asyncio.wait_for(asyncio.shield(a.exited), TIMEOUT) == -signal.SIGKILL
+
+    run(scenario)
