@@ -58,6 +58,7 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "sequenceMaxIdleMSec": ("sequence_max_idle_ms", number(0.0)),
     "sequenceTimeoutMSec": ("sequence_timeout_ms", number(0.0)),
     "processGroup": ("process_group", group_name),
+    "loadOnDemand": ("load_on_demand", boolean),
 }
 
 
@@ -110,6 +111,10 @@ class ModelConfig:
     """Ferry: share worker processes with the other models of this group (one torch
     runtime for all of them: ``ferry.worker_handles.hosts``); None: the server's
     ``share_worker_processes`` decides."""
+    load_on_demand: bool | None = None
+    """Ferry: no workers until the first request, evictable under the memory budget
+    (``ferry.scheduling.residency``); False pins it resident; None: the server's
+    ``load_models_on_demand``."""
     micro_batching: MicroBatchingConfig | None = None
     """The stage pipeline; None: batches run through the handler whole."""
     optimization: OptimizationConfig = field(default_factory=OptimizationConfig)

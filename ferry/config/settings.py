@@ -187,6 +187,15 @@ class ServerSettings:
     ``shared``): ``auto``, those that would take the server past ``max_workers_total``
     in processes of their own (at start-up, all of them then); ``always``, every one;
     ``never``, none (past the limit is refused)."""
+    load_models_on_demand: bool = False
+    """Models without ``loadOnDemand`` in their model-config.yaml load on their first
+    request, and may be evicted under the memory budgets."""
+    model_memory_budget_mb: int = 0
+    """Host memory the resident models may take together (what each measured at its
+    load); past it, idle on-demand models are evicted, least recently used first. 0: no
+    budget."""
+    gpu_memory_budget_mb: int = 0
+    """The same, per GPU (GPU memory torch holds for the models). 0: no budget."""
     max_unpacked_size: int = 4 << 30
     """Largest size, in bytes, an archive may unpack to; a larger one is refused."""
     limit_max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS

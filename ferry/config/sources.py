@@ -312,6 +312,9 @@ OPTIONS = (
     Option("log_location", "log_location", _path),
     Option("config_snapshots", "config_snapshots", _boolean),
     Option("max_workers_total", "max_workers_total", _integer(0)),
+    Option("load_models_on_demand", "load_models_on_demand", _boolean),
+    Option("model_memory_budget_mb", "model_memory_budget_mb", _integer(0)),
+    Option("gpu_memory_budget_mb", "gpu_memory_budget_mb", _integer(0)),
     Option(
         "share_worker_processes",
         "share_worker_processes",

@@ -130,6 +130,44 @@ class FerryMetrics:
             "counter",
             (*MODEL, "reason"),
         )
+        self.model_loads = Family(
+            "ferry_model_loads_total",
+            "Loads of a model registered to load on demand (loadOnDemand).",
+            "counter",
+            MODEL,
+        )
+        self.model_load_seconds = Family(
+            "ferry_model_load_seconds",
+            "Time an on-demand load took, from its first request to its workers ready.",
+            "histogram",
+            MODEL,
+            LATENCY_BUCKETS,
+        )
+        self.model_evictions = Family(
+            "ferry_model_evictions_total",
+            "On-demand models evicted to keep the resident models within the memory budget.",
+            "counter",
+            MODEL,
+        )
+        self.model_resident = Family(
+            "ferry_model_resident",
+            "1 while the model has workers (0: it loads on its next request).",
+            "gauge",
+            MODEL,
+        )
+        self.model_memory = Family(
+            "ferry_model_memory_bytes",
+            "Memory its workers measured at their load, by device (host, cuda:N).",
+            "gauge",
+            (*MODEL, "device"),
+        )
+        self.budget_exceeded = Family(
+            "ferry_memory_budget_exceeded_total",
+            "Loads that took the resident models past a memory budget, nothing idle being "
+            "left to evict.",
+            "counter",
+            (),
+        )
         self.worker_recycles = Family(
             "ferry_worker_recycles_total",
             "Workers replaced on reaching their request or memory limit (recycle settings).",
@@ -223,6 +261,12 @@ class FerryMetrics:
             self.workers,
             self.worker_restarts,
             self.worker_recycles,
+            self.model_loads,
+            self.model_load_seconds,
+            self.model_evictions,
+            self.model_resident,
+            self.model_memory,
+            self.budget_exceeded,
             self.requests_abandoned,
             self.batch_dispatches,
             self.requests_shed,
@@ -302,7 +346,7 @@ class FerryMetrics:
         for family in self.families():
             if family.label_names[:2] == MODEL:
                 family.remove_matching((name, version))
-            elif family.label_names[0] == "ModelName":  # TorchServe's: no version label
+            elif family.label_names[:1] == ("ModelName",):  # TorchServe's: no version label
                 family.remove_matching((name,))
 
     def response_recorder(self, api: str) -> Callable[[int], None]:
@@ -440,6 +484,22 @@ class ModelMetrics:
     def worker_restarted(self) -> None:
         if self.enabled:
             self._restarts.inc()
+
+    def loaded_on_demand(self, seconds: float) -> None:
+        if self.enabled:
+            self.metrics.model_loads.counter(*self.labels).inc()
+            self.metrics.model_load_seconds.histogram(*self.labels).observe(seconds)
+
+    def evicted(self) -> None:
+        if self.enabled:
+            self.metrics.model_evictions.counter(*self.labels).inc()
+
+    def set_residency(self, resident: bool, footprint: dict[str, int]) -> None:
+        """Whether it has workers, and the memory they measured at their load."""
+        self.metrics.model_resident.gauge(*self.labels).set(1 if resident else 0)
+        self.metrics.model_memory.remove_matching(self.labels)
+        for device, size in footprint.items():
+            self.metrics.model_memory.gauge(*self.labels, device).set(size)
 
     def worker_recycled(self) -> None:
         if self.enabled:

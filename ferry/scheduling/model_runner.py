@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,15 @@ from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
 from ferry.scheduling.placement import worker_gpu
-from ferry.scheduling.pool import Backoff, PoolEvents, RecyclePolicy, WorkerPool, WorkerSlot
+from ferry.scheduling.pool import (
+    Backoff,
+    PoolEvents,
+    RecyclePolicy,
+    SlotState,
+    WorkerPool,
+    WorkerSlot,
+)
+from ferry.scheduling.residency import HOST
 from ferry.scheduling.sequences import (
     SequenceBook,
     SequenceSettings,
@@ -60,6 +69,8 @@ class RunnerSettings:
     """A stateful model's limits (``sequenceBatching``); None for any other model."""
     process_group: str = ""
     """The process group whose worker processes it shares; "" for processes of its own."""
+    load_on_demand: bool = False
+    """No workers until a request comes (``ferry.scheduling.residency``)."""
 
 
 class _RunnerEvents(PoolEvents):
@@ -141,6 +152,10 @@ class ModelRunner:
             backoff=backoff,
         )
         self.max_workers = max(settings.max_workers, settings.workers)
+        self.label = f"{name} v{version}"
+        self.demand: Callable[[str], None] | None = None
+        """Told of every request by its label (``Residency.wanted``), when residency
+        manages the model."""
 
     def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
         """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
@@ -169,8 +184,13 @@ class ModelRunner:
         return self.ready_workers >= len(self.slots)
 
     def is_ready(self) -> bool:
-        """At least one worker can take a request (per-model readiness)."""
-        return self.ready_workers > 0
+        """At least one worker can take a request, or the model loads on its first
+        (per-model readiness)."""
+        return self.ready_workers > 0 or self._loads_on_demand()
+
+    def _loads_on_demand(self) -> bool:
+        """It has no workers, and a request will bring them (on demand)."""
+        return self.settings.load_on_demand and not self.slots
 
     def last_error(self) -> str:
         """Why a worker last failed to load or died, while the model is short of workers."""
@@ -179,7 +199,40 @@ class ModelRunner:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self.pool.add_slots(self.settings.workers)
+        """Start its workers; a model loaded on demand starts none."""
+        if not self.settings.load_on_demand:
+            self.pool.add_slots(self.settings.workers)
+
+    # --- residency (``ferry.scheduling.residency.OnDemandModel``) ------------------------
+
+    def resident(self) -> bool:
+        return bool(self.slots)
+
+    def busy(self) -> bool:
+        return self.waiting > 0 or any(slot.state is SlotState.BUSY for slot in self.slots)
+
+    def footprint(self) -> dict[str, int]:
+        """What its workers measured at their load: host memory, and each GPU's."""
+        total: dict[str, int] = {}
+        for slot in self.slots:
+            if slot.worker is None:
+                continue
+            info = slot.worker.info
+            total[HOST] = total.get(HOST, 0) + info.footprint_bytes
+            if info.gpu_bytes:
+                total[info.device] = total.get(info.device, 0) + info.gpu_bytes
+        return total
+
+    async def load(self) -> None:
+        """Its workers up (``ModelLoadFailed`` when none could start, and none are left)."""
+        started = time.monotonic()
+        await self.scale(self.settings.workers, self.max_workers, wait=True)
+        self.metrics.loaded_on_demand(time.monotonic() - started)
+
+    async def evict(self) -> None:
+        """Its workers stopped, once the batches they hold are answered."""
+        await self.scale(0, self.max_workers, wait=True)
+        self.metrics.evicted()
 
     async def wait_started(self, slots: list[WorkerSlot] | None = None) -> None:
         """Until every slot (or those given) has tried its first start."""
@@ -225,7 +278,7 @@ class ModelRunner:
         """Raise now what ``submit`` would raise for a request arriving now (``Overloaded``
         or ``NoWorkerAvailable``): transports call it before reading a body, so a flood of
         requests the model cannot take costs as little as possible."""
-        if not self.pool.can_accept():
+        if not self.pool.can_accept() and not self._loads_on_demand():
             reason = self.last_error()
             detail = f": last load error: {reason}" if reason else ""
             raise NoWorkerAvailable(f"no worker is available for model {self.name}{detail}")
@@ -238,9 +291,14 @@ class ModelRunner:
         self.check_admission()
         if self.sequences is None:
             self.queue.put(job)
-            return
-        sequence_id = job.item.headers[SEQUENCE_ID_HEADER]
-        self.sequences.add(job, sequence_id, last=asks_to_end(job.item.headers))
+        else:
+            sequence_id = job.item.headers[SEQUENCE_ID_HEADER]
+            self.sequences.add(job, sequence_id, last=asks_to_end(job.item.headers))
+        self._wanted()
+
+    def _wanted(self) -> None:
+        if self.demand is not None:
+            self.demand(self.label)
 
     @property
     def waiting(self) -> int:
@@ -310,6 +368,7 @@ class ModelRunner:
         describe request: the handler looks at the batch's first request only)."""
         self.check_admission()
         self.dispatcher.put_alone(job)
+        self._wanted()
 
     def _spec_for(self, slot: WorkerSlot) -> WorkerSpec:
         gpu = worker_gpu(self.settings.gpu_ids, slot.index)

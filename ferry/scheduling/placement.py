@@ -39,6 +39,20 @@ def model_gpus(
     return tuple((first + offset) % usable for offset in range(usable))
 
 
+def least_committed_gpu(usable: int, committed: Mapping[str, int], after: int) -> int:
+    """The GPU to start a model's workers on: the one whose models hold the least memory
+    (``committed``, bytes by ``cuda:N``: what each measured at its load, an estimate before
+    one), ties going round-robin from ``after`` (the GPU after the last model's).
+
+    >>> least_committed_gpu(3, {"cuda:0": 5, "cuda:1": 2, "cuda:2": 9}, 0)
+    1
+    >>> least_committed_gpu(3, {}, 2)
+    2
+    """
+    order = [(after + offset) % usable for offset in range(usable)]
+    return min(order, key=lambda gpu: committed.get(f"cuda:{gpu}", 0))
+
+
 def model_gpu_count(usable: int, device_type: str | None, device_ids: tuple[int, ...]) -> int:
     """How many GPUs ``model_gpus`` gives the model (it alone says whether ids are valid).
 

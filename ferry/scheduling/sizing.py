@@ -92,6 +92,7 @@ def runner_settings(
     requested_startup_timeout: float | None = None,
     sharing_workers: int | None = None,
     process_group: str = "",
+    load_on_demand: bool = False,
 ) -> RunnerSettings:
     """The model version's settings: model-config.yaml first, the server's defaults
     after. ``sharing_workers``: pinned, how many workers (this model's among them) will
@@ -119,6 +120,7 @@ def runner_settings(
         max_workers=config.max_workers or workers,
         sequences=sequence_settings(config, workers),
         process_group=process_group,
+        load_on_demand=load_on_demand,
         recycle=RecyclePolicy(
             max_requests=config.max_requests_per_worker,
             max_rss_bytes=None

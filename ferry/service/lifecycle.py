@@ -21,8 +21,9 @@ from ferry.errors import (
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
 from ferry.scheduling import sizing
-from ferry.scheduling.placement import gpu_memory_refusal, model_gpus
+from ferry.scheduling.placement import gpu_memory_refusal, least_committed_gpu, model_gpus
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
+from ferry.scheduling.residency import HOST, Residency, ResidencyEvents
 from ferry.service.archives import Archives, as_registered
 from ferry.service.snapshots import snapshot_folder, snapshot_of, write_snapshot
 from ferry.service.startup import (
@@ -57,6 +58,7 @@ class ModelLifecycle:
         self._start_worker = start_worker
         self._next_gpu = 0
         self._background: set[asyncio.Task[None]] = set()
+        self.residency = Residency(memory_budgets(settings, machine.gpus), events=_Budget(metrics))
         self._work_dir = open_work_dir()  # also removes those of servers that were killed
         self.archives = Archives(settings, self.work_dir)
 
@@ -88,7 +90,14 @@ class ModelLifecycle:
         except FerryError:
             archive.free()
             raise
-        entry.runner.start()
+        runner = entry.runner
+        self.residency.add(
+            runner,
+            on_demand=runner.settings.load_on_demand,
+            estimate=_estimated_footprint(archive, runner.settings.gpu_ids),
+        )
+        runner.demand = self.residency.wanted
+        runner.start()
         return entry
 
     def _new_version(
@@ -100,11 +109,18 @@ class ModelLifecycle:
         share: bool,
     ) -> ModelVersion:
         config, machine = archive.config, self.machine
-        gpu_ids = model_gpus(machine.gpus, config.device_type, config.device_ids, self._next_gpu)
+        first = self._next_gpu
+        if machine.gpus:  # where the models measured so far hold the least memory
+            first = least_committed_gpu(machine.gpus, self.residency.committed(), first)
+        gpu_ids = model_gpus(machine.gpus, config.device_type, config.device_ids, first)
         workers = sizing.worker_count(config, self.settings, machine)
         label = f"{archive.name} v{archive.version}"
+        on_demand = config.load_on_demand
+        if on_demand is None:
+            on_demand = self.settings.load_models_on_demand
         policy = self.settings.share_worker_processes
-        if share and policy == "auto":
+        if (share or on_demand) and policy == "auto":
+            # Loaded on demand, a model joins a running process rather than starting one.
             policy = "always"
         group = sizing.process_group_for(
             config, policy, self._process_uses(), label, workers, self._worker_limit()
@@ -117,6 +133,7 @@ class ModelLifecycle:
             requested_startup_timeout=startup_timeout,
             sharing_workers=sharing_workers,
             process_group=group,
+            load_on_demand=on_demand,
         )
         refusal = self._over_worker_limit(
             sizing.ProcessUse(label, settings.workers, group)
@@ -124,7 +141,7 @@ class ModelLifecycle:
         if refusal is not None:
             raise ConfigError(refusal)
         if gpu_ids and not config.device_ids:
-            self._next_gpu += settings.workers
+            self._next_gpu = gpu_ids[0] + settings.workers
         metrics = self.metrics.for_model(archive.name, archive.version)
         return ModelVersion.serving(
             archive, settings, self.settings, self._start_worker, metrics, at_startup=at_startup
@@ -250,6 +267,7 @@ class ModelLifecycle:
     async def remove(self, name: str, version: str | None = None) -> ModelRef:
         """Unregister a version and stop its workers (no snapshot: ``unregister``'s)."""
         entry = self.registry.remove(name, version)
+        self.residency.remove(entry.runner.label)
         await entry.runner.stop()
         await asyncio.to_thread(entry.archive.free)  # its workers are gone
         if entry.archive.downloaded is not None:
@@ -348,6 +366,38 @@ def _log_started(entry: ModelVersion) -> None:
         runner.settings.max_batch_delay * 1000,
         runner.settings.torch_threads,
     )
+
+
+def memory_budgets(settings: ServerSettings, gpus: int) -> dict[str, int]:
+    """The residency budgets in bytes: host memory, and each GPU's (none unset)."""
+    budgets: dict[str, int] = {}
+    if settings.model_memory_budget_mb:
+        budgets[HOST] = settings.model_memory_budget_mb << 20
+    if settings.gpu_memory_budget_mb:
+        for gpu in range(gpus):
+            budgets[f"cuda:{gpu}"] = settings.gpu_memory_budget_mb << 20
+    return budgets
+
+
+def _estimated_footprint(archive: ModelArchive, gpu_ids: tuple[int, ...]) -> dict[str, int]:
+    """Before its first load, a model is expected to take its weights file's size, on the
+    host (and on the GPU its first worker runs on)."""
+    serialized = archive.manifest.serialized_file
+    weights = archive.model_dir / serialized if serialized else None
+    size = weights.stat().st_size if weights is not None and weights.is_file() else 0
+    estimate = {HOST: size}
+    if gpu_ids:
+        estimate[f"cuda:{gpu_ids[0]}"] = size
+    return estimate
+
+
+class _Budget(ResidencyEvents):
+    def __init__(self, metrics: FerryMetrics) -> None:
+        self.metrics = metrics
+
+    def over_budget(self, label: str) -> None:
+        if self.metrics.enabled:
+            self.metrics.budget_exceeded.counter().inc()
 
 
 def _gpu_memory_refusal(

@@ -69,17 +69,21 @@ def _tensor_specs(declared: object, key: str, model: str) -> list[TensorSpec]:
 def metrics_exposition(registry: ModelRegistry, metrics: FerryMetrics, gpus: int) -> str:
     """Prometheus text, with the gauges (queues, worker states and processes, the host,
     and the GPUs when there are any) read now."""
-    workers = []
+    workers: dict[int, str] = {}
     for entry in registry.all_versions():
         runner = entry.runner
         states: dict[str, int] = {}
         for slot in runner.slots:
             states[slot.state.value] = states.get(slot.state.value, 0) + 1
-            pid = slot.worker.info.pid if slot.worker is not None else None
-            if pid is not None:
-                workers.append((f"{runner.name}/{runner.version}/w{slot.index}", pid))
+            info = slot.worker.info if slot.worker is not None else None
+            if info is not None and info.pid is not None:
+                # A process its models share is one process: named once, by its group.
+                group = runner.settings.process_group
+                label = f"{runner.name}/{runner.version}/w{slot.index}"
+                workers[info.pid] = f"group {group} pid {info.pid}" if info.shared else label
         runner.metrics.set_queue_and_workers(runner.waiting, states)
-    metrics.record_processes(workers)
+        runner.metrics.set_residency(runner.resident(), runner.footprint())
+    metrics.record_processes((label, pid) for pid, label in workers.items())
     metrics.record_host()
     if gpus:
         metrics.record_gpus(read_gpus())

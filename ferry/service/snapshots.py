@@ -66,6 +66,9 @@ class VersionSnapshot:
     batch_policy: str = "adaptive"
     """Set through the management API (``PUT /models/M?batch_policy=``) or model-config."""
     latency_objective_ms: float | None = None
+    load_on_demand: bool = False
+    """Loaded on demand: restored registered, not resident (``minWorkers``: its workers
+    once loaded)."""
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,16 @@ def snapshot_of(registry: ModelRegistry, model_store: Path | None) -> ServerSnap
                 version=archive.version,
                 source=archive.source,
                 is_default=registry.default_version(archive.name) == archive.version,
-                min_workers=len(runner.slots),
+                min_workers=runner.settings.workers
+                if runner.settings.load_on_demand
+                else len(runner.slots),
                 max_workers=runner.max_workers,
                 batch_size=runner.settings.batch_size,
                 max_batch_delay_ms=runner.settings.max_batch_delay * 1000,
                 response_timeout=runner.settings.response_timeout,
                 batch_policy=runner.settings.batch_policy,
                 latency_objective_ms=runner.settings.latency_objective_ms,
+                load_on_demand=runner.settings.load_on_demand,
             )
         )
     return ServerSnapshot(model_store, tuple(versions))
@@ -126,6 +132,8 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
         }
         if v.latency_objective_ms is not None:
             keys["latencyObjectiveMs"] = v.latency_objective_ms
+        if v.load_on_demand:
+            keys["loadOnDemand"] = True
         models.setdefault(v.model, {})[v.version] = keys
     values = {
         "load_models": ",".join(f"{v.model}={v.source}" for v in state.versions),

@@ -120,9 +120,15 @@ def model_status(entry: ModelVersion) -> ModelStatus:
 
 
 def _group_fields(runner: ModelRunner) -> dict[str, Any]:
-    """Ferry: the process group whose processes the model shares, when it shares any."""
-    group = runner.settings.process_group
-    return {"processGroup": group} if group else {}
+    """Ferry: the process group whose processes the model shares, when it shares any;
+    for a model loaded on demand, that it is, and whether it is resident now."""
+    fields: dict[str, Any] = {}
+    if runner.settings.process_group:
+        fields["processGroup"] = runner.settings.process_group
+    if runner.settings.load_on_demand:
+        fields["loadOnDemand"] = True
+        fields["resident"] = runner.resident()
+    return fields
 
 
 def _sequence_fields(runner: ModelRunner) -> dict[str, Any]:

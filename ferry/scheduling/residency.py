@@ -1,0 +1,280 @@
+"""Models loaded on demand, and evicted least-recently-used when a memory budget would be
+exceeded.
+
+A model registered with ``loadOnDemand`` has no workers until its first request, which
+waits in the model's queue while the model loads (bounded by its ``startupTimeout``: a
+load that fails or times out answers what waits with the reason). Before a load, models
+that are resident, on demand and idle (nothing queued, nothing running, not loading) are
+evicted, least recently used first, until the model's expected footprint fits every
+budget beside what stays: host memory, and each GPU's. A model's footprint is what its
+workers measured when they loaded (``WorkerInfo.footprint_bytes``, ``gpu_bytes``); before
+its first load, the size of its weights file stands in. Models without ``loadOnDemand``
+count against the budget and are never evicted (pinned).
+
+When nothing idle is left to evict, the model loads anyway, over the budget (logged and
+counted): a request is never refused because other models are busy. The next loads evict
+what has gone idle meanwhile.
+
+The policy (``choose_evictions``) is a pure function; ``Residency`` applies it to the
+models (``OnDemandModel``: a ``ModelRunner`` in the server, fakes in tests) with a clock
+it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger("ferry.scheduling")
+
+HOST = "host"
+"""The budget and footprint key of host memory; GPUs are ``cuda:N``."""
+
+Footprint = Mapping[str, int]
+"""Bytes per device (``HOST``, ``cuda:0`` ...)."""
+
+
+class OnDemandModel(Protocol):
+    """What residency needs of a model version."""
+
+    @property
+    def label(self) -> str: ...
+
+    def resident(self) -> bool:
+        """It has workers (loading or serving)."""
+
+    def busy(self) -> bool:
+        """Requests of it are queued or running."""
+
+    def footprint(self) -> Footprint:
+        """What its current workers measured at their load (empty when it has none)."""
+
+    async def load(self) -> None:
+        """Bring its workers up; raises when none could start."""
+
+    async def evict(self) -> None:
+        """Stop its workers, once the batches they hold are answered."""
+
+
+class ResidencyEvents:
+    """What residency reports (metrics); no-ops by default."""
+
+    def loaded(self, label: str, seconds: float, footprint: Footprint) -> None:
+        pass
+
+    def evicted(self, label: str) -> None:
+        pass
+
+    def over_budget(self, label: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A resident model the policy may evict."""
+
+    label: str
+    footprint: Footprint
+    last_used: float
+
+
+def fits(used: Footprint, needed: Footprint, budgets: Footprint) -> bool:
+    """``needed`` beside ``used`` stays within every budget (a device without one: no
+    limit)."""
+    return all(
+        used.get(device, 0) + needed.get(device, 0) <= limit for device, limit in budgets.items()
+    )
+
+
+def choose_evictions(
+    needed: Footprint, used: Footprint, candidates: Iterable[Candidate], budgets: Footprint
+) -> tuple[list[Candidate], bool]:
+    """The candidates to evict, least recently used first, so that ``needed`` fits beside
+    what ``used`` keeps; and whether it then fits (False: even evicting every candidate
+    that frees a device over its budget is not enough, and those are evicted all the same).
+    Only candidates holding memory on a device over its budget are taken.
+
+    >>> a, b = Candidate("a", {"host": 4}, 2.0), Candidate("b", {"host": 4}, 1.0)
+    >>> [c.label for c in choose_evictions({"host": 4}, {"host": 8}, [a, b], {"host": 10})[0]]
+    ['b']
+    """
+    remaining = dict(used)
+    chosen: list[Candidate] = []
+    for candidate in sorted(candidates, key=lambda c: c.last_used):
+        if fits(remaining, needed, budgets):
+            break
+        over = [d for d, limit in budgets.items() if remaining.get(d, 0) + needed.get(d, 0) > limit]
+        if not any(candidate.footprint.get(device, 0) for device in over):
+            continue
+        chosen.append(candidate)
+        for device, size in candidate.footprint.items():
+            remaining[device] = remaining.get(device, 0) - size
+    return chosen, fits(remaining, needed, budgets)
+
+
+class LoadState:
+    IDLE = "idle"
+    LOADING = "loading"
+    EVICTING = "evicting"
+
+
+@dataclass
+class _Entry:
+    model: OnDemandModel
+    on_demand: bool
+    expected: Footprint
+    """Its footprint at its last load; before one, an estimate (its weights' size)."""
+    last_used: float = 0.0
+    state: str = LoadState.IDLE
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Residency:
+    """Which models are resident; loads on demand, evicts under ``budgets`` (bytes per
+    device; empty: no budget, nothing is evicted)."""
+
+    def __init__(
+        self,
+        budgets: Footprint,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        events: ResidencyEvents | None = None,
+    ) -> None:
+        self.budgets = dict(budgets)
+        self._clock = clock
+        self._events = events or ResidencyEvents()
+        self._entries: dict[str, _Entry] = {}
+        self._lock = asyncio.Lock()
+        """One load's evictions at a time: two loads must not count the same free memory."""
+
+    # --- the models ---------------------------------------------------------------------
+
+    def add(self, model: OnDemandModel, *, on_demand: bool, estimate: Footprint) -> None:
+        self._entries[model.label] = _Entry(model, on_demand, dict(estimate), self._clock())
+
+    def remove(self, label: str) -> None:
+        entry = self._entries.pop(label, None)
+        if entry is not None and entry.task is not None:
+            entry.task.cancel()
+
+    def state(self, label: str) -> str:
+        entry = self._entries.get(label)
+        return entry.state if entry is not None else LoadState.IDLE
+
+    def used(self, *, but: str | None = None) -> dict[str, int]:
+        """Bytes per device the resident models hold (but ``but``'s)."""
+        total: dict[str, int] = {}
+        for label, entry in self._entries.items():
+            if label == but:
+                continue
+            for device, size in self._held(entry).items():
+                total[device] = total.get(device, 0) + size
+        return total
+
+    def committed(self) -> dict[str, int]:
+        """Bytes per device every registered model takes or will take when loaded: its
+        measured footprint while resident, else what it is expected to take."""
+        total: dict[str, int] = {}
+        for entry in self._entries.values():
+            held = entry.model.footprint() if entry.model.resident() else {}
+            for device, size in (held or entry.expected).items():
+                total[device] = total.get(device, 0) + size
+        return total
+
+    def _held(self, entry: _Entry) -> Footprint:
+        if entry.state == LoadState.LOADING:
+            return entry.expected  # not measured yet: what it is expected to take
+        return entry.model.footprint() if entry.model.resident() else {}
+
+    # --- requests -----------------------------------------------------------------------
+
+    def wanted(self, label: str) -> None:
+        """A request for ``label`` arrived: it was used now, and it loads if it is on demand
+        and not resident."""
+        entry = self._entries.get(label)
+        if entry is None:
+            return
+        entry.last_used = self._clock()
+        if entry.on_demand and entry.state == LoadState.IDLE and not entry.model.resident():
+            self._start(entry, self._load(entry))
+
+    def _start(self, entry: _Entry, work: Coroutine[Any, Any, None]) -> None:
+        entry.state = LoadState.LOADING
+        task = asyncio.create_task(work, name=f"load {entry.model.label}")
+        entry.task = task
+        task.add_done_callback(lambda done: self._done(entry, done))
+
+    def _done(self, entry: _Entry, task: asyncio.Future[None]) -> None:
+        if entry.task is task:
+            entry.task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("loading %s on demand failed: %s", entry.model.label, task.exception())
+
+    async def _load(self, entry: _Entry) -> None:
+        model = entry.model
+        try:
+            async with self._lock:
+                fitted = await self._make_room(entry, entry.expected)
+            started = self._clock()
+            await model.load()
+            measured = dict(model.footprint())
+            if measured:
+                entry.expected = measured
+            seconds = self._clock() - started
+            self._events.loaded(model.label, seconds, entry.expected)
+            log.info("%s loaded on demand in %.2f s", model.label, seconds)
+        finally:
+            entry.state = LoadState.IDLE
+        async with self._lock:  # measured now: it may have come out larger than expected
+            fitted = await self._make_room(entry, {}) and fitted
+        if not fitted:
+            log.warning(
+                "%s took the resident models past the memory budget (%s): nothing idle "
+                "was left to evict",
+                model.label,
+                ", ".join(f"{d} {limit >> 20} MiB" for d, limit in self.budgets.items()),
+            )
+            self._events.over_budget(model.label)
+
+    async def _make_room(self, keep: _Entry, needed: Footprint) -> bool:
+        """Evict idle on-demand models (never ``keep``) until ``needed`` fits the budgets
+        beside what stays resident; whether it does."""
+        if not self.budgets:
+            return True
+        label = keep.model.label
+        candidates = [
+            Candidate(key, entry.model.footprint(), entry.last_used)
+            for key, entry in self._entries.items()
+            if key != label and self._evictable(entry)
+        ]
+        used = self.used(but=label if needed else None)
+        victims, enough = choose_evictions(needed, used, candidates, self.budgets)
+        for victim in victims:
+            await self._evict(self._entries[victim.label])
+        return enough
+
+    @staticmethod
+    def _evictable(entry: _Entry) -> bool:
+        model = entry.model
+        return (
+            entry.on_demand
+            and entry.state == LoadState.IDLE
+            and model.resident()
+            and not model.busy()
+        )
+
+    async def _evict(self, entry: _Entry) -> None:
+        model = entry.model
+        entry.state = LoadState.EVICTING
+        try:
+            await model.evict()
+        finally:
+            entry.state = LoadState.IDLE
+        self._events.evicted(model.label)
+        log.info("%s evicted (least recently used)", model.label)
+        if model.busy():  # a request arrived while it was being evicted: it loads again
+            self._start(entry, self._load(entry))

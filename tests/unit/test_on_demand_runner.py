@@ -1,0 +1,154 @@
+"""A ``ModelRunner`` loaded on demand, under ``Residency``, over fake workers: no worker
+until a request, the request answered once the load is done, eviction leaving it ready to
+load again, a failed load answering what waited with the reason, and a request queued
+while the model is evicted loading it again (none lost)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ferry.errors import NoWorkerAvailable
+from ferry.metrics.definitions import FerryMetrics
+from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.pool import Backoff
+from ferry.scheduling.residency import HOST, LoadState, Residency
+from tests.fixtures.fake_worker import FakeFactory, load_error, make_job, outcomes, spec
+
+BOUND = 30.0
+
+
+def on_demand_runner(factory: FakeFactory, name: str = "m") -> ModelRunner:
+    settings = RunnerSettings(
+        batch_size=1,
+        max_batch_delay=0.0,
+        workers=1,
+        response_timeout=5.0,
+        startup_timeout=5.0,
+        queue_capacity=100,
+        torch_threads=1,
+        load_on_demand=True,
+    )
+    return ModelRunner(
+        name,
+        "1.0",
+        spec(name),
+        settings,
+        factory,
+        FerryMetrics().for_model(name, "1.0"),
+        backoff=lambda: Backoff(first=0.0, cap=0.0),
+    )
+
+
+def managed(residency: Residency, runner: ModelRunner) -> ModelRunner:
+    residency.add(runner, on_demand=True, estimate={HOST: 0})
+    runner.demand = residency.wanted
+    runner.start()
+    return runner
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), BOUND)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), BOUND))
+
+
+def test_it_has_no_worker_until_a_request_which_is_answered_once_loaded() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory()
+        runner = managed(Residency({}), on_demand_runner(factory))
+        assert runner.slots == [] and runner.is_ready() and factory.attempts == 0
+        runner.check_admission()  # no worker yet, and still admitted
+        jobs = [make_job(b"a"), make_job(b"b")]
+        for job in jobs:
+            runner.submit(job)
+        answers = await outcomes(jobs)
+        assert [a.body for a in answers] == [b"a", b"b"]  # type: ignore[union-attr]
+        assert factory.attempts == 1 and runner.resident()
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_an_evicted_model_loads_again_on_its_next_request() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory()
+        residency = Residency({})
+        runner = managed(residency, on_demand_runner(factory))
+        first = make_job(b"1")
+        runner.submit(first)
+        await outcomes([first])
+        await runner.evict()
+        assert not runner.resident() and factory.started[0].killed
+        second = make_job(b"2")
+        runner.submit(second)
+        (answer,) = await outcomes([second])
+        assert answer.body == b"2"  # type: ignore[union-attr]
+        assert factory.attempts == 2
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_load_that_fails_answers_what_waited_with_the_reason() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(load_error("ImportError: no module named nothing"))
+        residency = Residency({})
+        runner = managed(residency, on_demand_runner(factory))
+        job = make_job()
+        runner.submit(job)
+        (answer,) = await outcomes([job])
+        assert isinstance(answer, NoWorkerAvailable)
+        assert "no module named nothing" in answer.message
+        await until(lambda: residency.state("m v1.0") == LoadState.IDLE)
+        assert not runner.resident()  # nothing half-loaded: the next request tries again
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_a_request_queued_while_its_model_is_evicted_is_answered() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory()
+        # A budget of 1 byte: every model is over it, so each load evicts the other.
+        residency = Residency({HOST: 1})
+        a = managed(residency, on_demand_runner(factory, "a"))
+        b = managed(residency, on_demand_runner(factory, "b"))
+        original_footprint = a.footprint
+        a.footprint = lambda: {HOST: 1} if a.resident() else {}  # type: ignore[method-assign]
+        b.footprint = lambda: {HOST: 1} if b.resident() else {}  # type: ignore[method-assign]
+        first = make_job(b"a1")
+        a.submit(first)
+        await outcomes([first])
+        evict_a = a.evict
+        queued: list[Any] = []
+
+        async def evict_with_a_request_arriving() -> None:
+            eviction = asyncio.ensure_future(evict_a())
+            await asyncio.sleep(0)  # the eviction has retired a's worker: a has none now
+            assert not a.slots
+            job = make_job(b"a2")
+            a.submit(job)  # admitted: a loads on demand
+            queued.append(job)
+            await eviction
+
+        a.evict = evict_with_a_request_arriving  # type: ignore[method-assign]
+        other = make_job(b"b1")
+        b.submit(other)
+        answers = await outcomes([other])
+        await until(lambda: bool(queued))
+        (late,) = await outcomes(queued, timeout=10)
+        assert answers[0].body == b"b1"  # type: ignore[union-attr]
+        assert late.body == b"a2"  # type: ignore[union-attr]
+        a.footprint = original_footprint  # type: ignore[method-assign]
+        await a.stop()
+        await b.stop()
+
+    run(scenario)
