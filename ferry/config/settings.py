@@ -196,6 +196,11 @@ class ServerSettings:
     budget."""
     gpu_memory_budget_mb: int = 0
     """The same, per GPU (GPU memory torch holds for the models). 0: no budget."""
+    ray_pool_replicas: int = 1
+    """``--ray``: replicas of the pool that multiplexes the models loaded on demand."""
+    ray_models_per_replica: int = 8
+    """``--ray``: models one pool replica holds at most (Ray's
+    ``max_num_models_per_replica``); past it, its least recently used one is evicted."""
     max_unpacked_size: int = 4 << 30
     """Largest size, in bytes, an archive may unpack to; a larger one is refused."""
     limit_max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS

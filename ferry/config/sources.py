@@ -315,6 +315,8 @@ OPTIONS = (
     Option("load_models_on_demand", "load_models_on_demand", _boolean),
     Option("model_memory_budget_mb", "model_memory_budget_mb", _integer(0)),
     Option("gpu_memory_budget_mb", "gpu_memory_budget_mb", _integer(0)),
+    Option("ray_pool_replicas", "ray_pool_replicas", _integer(1)),
+    Option("ray_models_per_replica", "ray_models_per_replica", _integer(1)),
     Option(
         "share_worker_processes",
         "share_worker_processes",

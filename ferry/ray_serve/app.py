@@ -36,7 +36,7 @@ from ferry.http.management import operations_routes
 from ferry.ray_serve import INSTALL_HINT, available
 from ferry.ray_serve.deployer import APPLICATION, Deployer
 from ferry.ray_serve.models import RayModels
-from ferry.ray_serve.plan import DeploymentPlan, plan_for
+from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, plan_for, pool_plan
 from ferry.security import plan_keys
 from ferry.server import write_ready_file
 from ferry.service.startup import is_default, startup_archives
@@ -46,8 +46,11 @@ from ferry.store.workdir import open_work_dir
 log = logging.getLogger("ferry")
 
 
-def plans_for(settings: ServerSettings) -> tuple[dict[str, DeploymentPlan], dict[str, str]]:
-    """The start-up models' deployments and default versions; ``ConfigError`` if none."""
+def plans_for(
+    settings: ServerSettings,
+) -> tuple[dict[str, DeploymentPlan], PoolPlan | None, dict[str, str]]:
+    """The start-up models' deployments, the pool of those loaded on demand, and every
+    model's default version; ``ConfigError`` if there is no model."""
     work_dir = open_work_dir()  # each replica unpacks its own: the driver only reads them
     try:
         opened = startup_archives(settings, Path(work_dir.name))
@@ -60,10 +63,13 @@ def plans_for(settings: ServerSettings) -> tuple[dict[str, DeploymentPlan], dict
 
 def _plans(
     settings: ServerSettings, opened: list[tuple[str, ModelArchive]]
-) -> tuple[dict[str, DeploymentPlan], dict[str, str]]:
+) -> tuple[dict[str, DeploymentPlan], PoolPlan | None, dict[str, str]]:
     plans: dict[str, DeploymentPlan] = {}
+    pooled: list[DeploymentPlan] = []
     defaults: dict[str, str] = {}
     for entry, archive in opened:
+        if archive.name not in defaults or is_default(settings, archive):
+            defaults[archive.name] = archive.version
         plan = plan_for(
             entry,
             archive.name,
@@ -75,10 +81,18 @@ def _plans(
             default_response_timeout=settings.default_response_timeout,
         )
         archive.free()
-        plans[f"{archive.name}/{archive.version}"] = plan
-        if archive.name not in defaults or is_default(settings, archive):
-            defaults[archive.name] = archive.version
-    return plans, defaults
+        on_demand = archive.config.load_on_demand
+        if on_demand if on_demand is not None else settings.load_models_on_demand:
+            pooled.append(plan)
+        else:
+            plans[f"{archive.name}/{archive.version}"] = plan
+    pool = pool_plan(
+        pooled,
+        replicas=settings.ray_pool_replicas,
+        models_per_replica=settings.ray_models_per_replica,
+        queue_size=settings.job_queue_size,
+    )
+    return plans, pool, defaults
 
 
 def management_app(deployer: Deployer) -> Starlette:
@@ -110,7 +124,7 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
     import uvicorn
     from ray import serve
 
-    plans, defaults = plans_for(settings)
+    plans, pool, defaults = plans_for(settings)
     inference = settings.inference_address
     management = settings.management_address
     keys = None
@@ -126,14 +140,20 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
             proxy_location="HeadOnly",
             http_options={"host": inference.host, "port": inference.port},
         )
-        deployer = Deployer(settings, inference_key, plans, defaults)
+        deployer = Deployer(settings, inference_key, plans, defaults, pool)
         deployer.deploy()
+        deployments = [
+            f"{p.deployment} ({p.options().get('num_replicas', 'autoscaling')})"
+            for p in plans.values()
+        ]
+        if pool is not None:
+            deployments.append(
+                f"{pool.deployment} ({pool.num_replicas}; {len(pool.keys)} models on demand, "
+                f"at most {pool.models_per_replica} per replica)"
+            )
         log.info(
             "on Ray: %s; inference API on http://%s:%d (Ray Serve's proxy)",
-            ", ".join(
-                f"{p.deployment} ({p.options().get('num_replicas', 'autoscaling')})"
-                for p in plans.values()
-            ),
+            ", ".join(deployments),
             inference.host,
             inference.port,
         )

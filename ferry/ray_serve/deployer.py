@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.config.settings import ServerSettings
-from ferry.ray_serve.plan import DeploymentPlan
+from ferry.ray_serve.plan import DeploymentPlan, PoolPlan
+from ferry.ray_serve.pool import pool_replica
 from ferry.ray_serve.replica import ModelReplica
 from ferry.ray_serve.router import Router
 
@@ -36,6 +37,8 @@ class Deployer:
     """By ``model/version``."""
     defaults: dict[str, str]
     """Each model's default version."""
+    pool: PoolPlan | None = None
+    """The models loaded on demand, multiplexed over one pool of replicas."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def application(self) -> Any:
@@ -54,7 +57,14 @@ class Deployer:
             ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
             logging_config=QUIET,
         )
-        return router.bind(handles, self.defaults)
+        pool = None
+        if self.pool is not None:
+            pool = (
+                _deployment(pool_replica(self.pool.models_per_replica))
+                .options(**self.pool.options(), logging_config=QUIET)
+                .bind(self.settings, self.pool.entries, self.inference_key)
+            )
+        return router.bind(handles, self.defaults, pool, self.pool.keys if self.pool else ())
 
     def deploy(self) -> None:
         """Deploy, and wait until every deployment runs (Ray Serve's ``serve.run``)."""
@@ -62,7 +72,7 @@ class Deployer:
 
         serve.run(self.application(), name=APPLICATION, route_prefix="/")
 
-    def replicas(self, plan: DeploymentPlan) -> dict[str, int]:
+    def replicas(self, plan: DeploymentPlan | PoolPlan) -> dict[str, int]:
         """Replica counts by state (``RUNNING``, ``STARTING``, ...) as Ray Serve reports."""
         from ray import serve
 

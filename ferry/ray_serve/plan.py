@@ -72,6 +72,66 @@ class DeploymentPlan:
         return replace(self, num_replicas=min_replicas, autoscaling=None)
 
 
+POOL_DEPLOYMENT = "ferry_model_pool"
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The deployment that multiplexes the models loaded on demand (``ferry.ray_serve.pool``)."""
+
+    members: tuple[DeploymentPlan, ...]
+    """Its model versions, each as a deployment of its own would be (their batch and
+    time settings, for describe)."""
+    num_replicas: int
+    models_per_replica: int
+    max_ongoing_requests: int
+    actor_options: dict[str, Any]
+
+    @property
+    def deployment(self) -> str:
+        return POOL_DEPLOYMENT
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The ``load_models`` entries of its models (``NAME=ARCHIVE``)."""
+        return tuple(member.entry for member in self.members)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Its model versions, as ``model/version``."""
+        return tuple(f"{member.name}/{member.version}" for member in self.members)
+
+    def member(self, key: str) -> DeploymentPlan:
+        return self.members[self.keys.index(key)]
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "name": self.deployment,
+            "num_replicas": self.num_replicas,
+            "ray_actor_options": dict(self.actor_options),
+            "max_ongoing_requests": self.max_ongoing_requests,
+        }
+
+
+def pool_plan(
+    models: list[DeploymentPlan], *, replicas: int, models_per_replica: int, queue_size: int
+) -> PoolPlan | None:
+    """The pool of ``models``, None without any."""
+    if not models:
+        return None
+    return PoolPlan(
+        members=tuple(models),
+        num_replicas=replicas,
+        models_per_replica=models_per_replica,
+        max_ongoing_requests=queue_size,
+        # A replica may hold any of them: it asks for what the most demanding one asks.
+        actor_options={
+            "num_cpus": max(m.actor_options.get("num_cpus", 1) for m in models),
+            "num_gpus": max(m.actor_options.get("num_gpus", 0) for m in models),
+        },
+    )
+
+
 def plan_for(
     entry: str,
     name: str,

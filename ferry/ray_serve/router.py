@@ -30,10 +30,20 @@ class Router:
     """Built with one Ray deployment handle per ``(model, version)`` and each model's
     default version."""
 
-    def __init__(self, handles: dict[str, Any], defaults: dict[str, str]) -> None:
+    def __init__(
+        self,
+        handles: dict[str, Any],
+        defaults: dict[str, str],
+        pool: Any = None,
+        pooled: tuple[str, ...] = (),
+    ) -> None:
+        """``pool``: the handle of the pool that multiplexes ``pooled`` (``model/version``
+        keys), the models loaded on demand."""
         # Keys are "model/version": Ray passes handles inside plain containers only.
         self._handles = handles
         self._defaults = defaults
+        self._pool = pool
+        self._pooled = set(pooled)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -57,9 +67,9 @@ class Router:
         if named is not None:
             model, version = named
             key = f"{model}/{version or self._defaults.get(model, '')}"
-            if key in self._handles:
+            if key in self._handles or key in self._pooled:
                 return key
-        return next(iter(self._handles))  # its replica answers the protocol's own 404
+        return ""  # any replica answers the protocol's own 404
 
     def _server_wide(self, path: str) -> Response | None:
         if path in ("/ping", "/v2/health/ready", "/v2/health/live"):
@@ -77,8 +87,18 @@ class Router:
             )
         return None
 
+    def _handle(self, key: str) -> Any:
+        """The replicas for ``key``: its deployment's, or the pool's with ``key`` as the
+        multiplexed model id (Ray prefers a replica that holds the model); for no model,
+        any (it answers 404)."""
+        if key in self._pooled:
+            return self._pool.options(multiplexed_model_id=key)
+        if key in self._handles:
+            return self._handles[key]
+        return next(iter(self._handles.values()), self._pool)
+
     async def _forward(self, key: str, call: HttpCall) -> HttpAnswer:
-        handle = self._handles[key]
+        handle = self._handle(key)
         for attempt in range(RETRIES + 1):
             try:
                 answer: HttpAnswer = await handle.remote(call)

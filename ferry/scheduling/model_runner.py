@@ -36,6 +36,9 @@ from ferry.wire.messages import InputPart, RequestItem
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerFactory
 
+_HOLDING = (SlotState.BUSY, SlotState.STARTING, SlotState.RESTARTING)
+"""Slot states in which the model is in use (a restarting slot's requests are retried)."""
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -209,7 +212,13 @@ class ModelRunner:
         return bool(self.slots)
 
     def busy(self) -> bool:
-        return self.waiting > 0 or any(slot.state is SlotState.BUSY for slot in self.slots)
+        """Requests are queued (retries and describe calls included), running, or held
+        by a worker that is restarting, or a stateful sequence is open: not to be evicted."""
+        if self.waiting > 0 or len(self.dispatcher.suspects) > 0:
+            return True
+        if self.sequences is not None and self.sequences.open_sequences:
+            return True
+        return any(slot.state in _HOLDING for slot in self.slots)
 
     def footprint(self) -> dict[str, int]:
         """What its workers measured at their load: host memory, and each GPU's."""

@@ -31,6 +31,11 @@ from typing import Any, Protocol
 
 log = logging.getLogger("ferry.scheduling")
 
+
+class ModelGone(Exception):
+    """The model was unregistered while a caller waited for it to load."""
+
+
 HOST = "host"
 """The budget and footprint key of host memory; GPUs are ``cuda:N``."""
 
@@ -116,6 +121,14 @@ def choose_evictions(
     return chosen, fits(remaining, needed, budgets)
 
 
+def _larger(first: Footprint, second: Footprint) -> dict[str, int]:
+    """Per device, the larger of two footprints. A load's measurement only grows what a
+    model is taken to need: a load into memory a neighbour just freed barely moves the
+    process's resident size, so one measurement can be far below what the model holds
+    (its weights file stands in below every measurement)."""
+    return {d: max(first.get(d, 0), second.get(d, 0)) for d in {*first, *second}}
+
+
 class LoadState:
     IDLE = "idle"
     LOADING = "loading"
@@ -131,6 +144,10 @@ class _Entry:
     last_used: float = 0.0
     state: str = LoadState.IDLE
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    evicted: asyncio.Event | None = field(default=None, repr=False)
+    """Set when its eviction under way is done."""
+    release: asyncio.Task[None] | None = field(default=None, repr=False)
+    """Waiting for it to go idle, to evict it then (``Residency.release``)."""
 
 
 class Residency:
@@ -158,8 +175,11 @@ class Residency:
 
     def remove(self, label: str) -> None:
         entry = self._entries.pop(label, None)
-        if entry is not None and entry.task is not None:
-            entry.task.cancel()
+        if entry is None:
+            return
+        for task in (entry.task, entry.release):
+            if task is not None:
+                task.cancel()
 
     def state(self, label: str) -> str:
         entry = self._entries.get(label)
@@ -180,15 +200,14 @@ class Residency:
         measured footprint while resident, else what it is expected to take."""
         total: dict[str, int] = {}
         for entry in self._entries.values():
-            held = entry.model.footprint() if entry.model.resident() else {}
-            for device, size in (held or entry.expected).items():
+            for device, size in _larger(entry.expected, entry.model.footprint()).items():
                 total[device] = total.get(device, 0) + size
         return total
 
     def _held(self, entry: _Entry) -> Footprint:
         if entry.state == LoadState.LOADING:
             return entry.expected  # not measured yet: what it is expected to take
-        return entry.model.footprint() if entry.model.resident() else {}
+        return _larger(entry.expected, entry.model.footprint()) if entry.model.resident() else {}
 
     # --- requests -----------------------------------------------------------------------
 
@@ -201,6 +220,50 @@ class Residency:
         entry.last_used = self._clock()
         if entry.on_demand and entry.state == LoadState.IDLE and not entry.model.resident():
             self._start(entry, self._load(entry))
+
+    async def ensure_resident(self, label: str) -> None:
+        """``wanted``, then wait for the load it started (or one under way, or the
+        eviction under way and the load after it); raises what the load raised."""
+        while (entry := self._entries.get(label)) is not None:
+            if entry.evicted is not None:
+                await entry.evicted.wait()
+                continue
+            self.wanted(label)
+            if entry.task is None:
+                return
+            try:
+                await asyncio.shield(entry.task)
+            except asyncio.CancelledError:
+                if entry.task is not None and entry.task.cancelled():
+                    raise ModelGone(f"{label} was removed while it loaded") from None
+                raise
+        raise ModelGone(f"{label} is not registered")
+
+    async def release(self, label: str, poll: float = 0.2) -> None:
+        """Evict ``label`` now if it is an idle on-demand model, else as soon as it goes
+        idle, unless it is wanted again first (Ray's multiplexing let go of it)."""
+        entry = self._entries.get(label)
+        if entry is None or not entry.on_demand:
+            return
+        async with self._lock:
+            if self._evictable(entry):
+                await self._evict(entry)
+                return
+        if entry.release is None and entry.model.resident():
+            log.info("%s: evicted once its requests are answered", label)
+            asked = self._clock()
+            entry.release = asyncio.create_task(self._release_when_idle(entry, asked, poll))
+
+    async def _release_when_idle(self, entry: _Entry, asked: float, poll: float) -> None:
+        try:
+            while entry.model.resident() and entry.last_used <= asked:
+                async with self._lock:
+                    if self._evictable(entry):
+                        await self._evict(entry)
+                        return
+                await asyncio.sleep(poll)  # its requests end on their own time
+        finally:
+            entry.release = None
 
     def _start(self, entry: _Entry, work: Coroutine[Any, Any, None]) -> None:
         entry.state = LoadState.LOADING
@@ -221,9 +284,7 @@ class Residency:
                 fitted = await self._make_room(entry, entry.expected)
             started = self._clock()
             await model.load()
-            measured = dict(model.footprint())
-            if measured:
-                entry.expected = measured
+            entry.expected = _larger(entry.expected, model.footprint())
             seconds = self._clock() - started
             self._events.loaded(model.label, seconds, entry.expected)
             log.info("%s loaded on demand in %.2f s", model.label, seconds)
@@ -247,14 +308,16 @@ class Residency:
             return True
         label = keep.model.label
         candidates = [
-            Candidate(key, entry.model.footprint(), entry.last_used)
+            Candidate(key, _larger(entry.expected, entry.model.footprint()), entry.last_used)
             for key, entry in self._entries.items()
             if key != label and self._evictable(entry)
         ]
         used = self.used(but=label if needed else None)
         victims, enough = choose_evictions(needed, used, candidates, self.budgets)
         for victim in victims:
-            await self._evict(self._entries[victim.label])
+            entry = self._entries.get(victim.label)
+            if entry is not None and self._evictable(entry):  # still idle: earlier ones took time
+                await self._evict(entry)
         return enough
 
     @staticmethod
@@ -270,11 +333,15 @@ class Residency:
     async def _evict(self, entry: _Entry) -> None:
         model = entry.model
         entry.state = LoadState.EVICTING
+        entry.evicted = asyncio.Event()
         try:
             await model.evict()
+            self._events.evicted(model.label)
+            log.info("%s evicted (least recently used)", model.label)
         finally:
             entry.state = LoadState.IDLE
-        self._events.evicted(model.label)
-        log.info("%s evicted (least recently used)", model.label)
-        if model.busy():  # a request arrived while it was being evicted: it loads again
-            self._start(entry, self._load(entry))
+            entry.evicted.set()
+            entry.evicted = None
+            registered = self._entries.get(model.label) is entry
+            if registered and model.busy():  # a request arrived meanwhile: it loads again
+                self._start(entry, self._load(entry))

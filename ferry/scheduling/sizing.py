@@ -182,21 +182,39 @@ class ProcessUse:
     label: str
     workers: int
     group: str = ""
+    gpus: tuple[int, ...] = ()
+    """The GPUs its workers take in turn; none on a CPU."""
+
+    def per_device(self) -> dict[int | None, int]:
+        """Its workers on each GPU (None: the CPU)."""
+        if not self.gpus:
+            return {None: self.workers}
+        counts: dict[int | None, int] = {}
+        for index in range(self.workers):
+            gpu = self.gpus[index % len(self.gpus)]
+            counts[gpu] = counts.get(gpu, 0) + 1
+        return counts
 
 
 def process_count(uses: Iterable[ProcessUse]) -> int:
-    """Processes they take: each worker of its own, and per group as many as its model
-    with the most workers (a process holds one worker of each model).
+    """Processes they take: each worker of its own, and per group and device as many as
+    the group's model with the most workers there (a process holds one worker of each
+    model, and serves one GPU).
 
     >>> process_count([ProcessUse("a", 2), ProcessUse("b", 1, "g"), ProcessUse("c", 3, "g")])
     5
+    >>> process_count([ProcessUse("b", 1, "g", (0,)), ProcessUse("c", 1, "g", (1,))])
+    2
     """
-    own, groups = 0, dict[str, int]()
+    own = 0
+    groups: dict[tuple[str, int | None], int] = {}
     for use in uses:
-        if use.group:
-            groups[use.group] = max(groups.get(use.group, 0), use.workers)
-        else:
+        if not use.group:
             own += use.workers
+            continue
+        for device, count in use.per_device().items():
+            key = (use.group, device)
+            groups[key] = max(groups.get(key, 0), count)
     return own + sum(groups.values())
 
 
@@ -207,6 +225,7 @@ def process_group_for(
     label: str,
     workers: int,
     limit: int,
+    gpus: tuple[int, ...] = (),
 ) -> str:
     """The process group of a model version about to start beside ``others``: its own
     ``processGroup``; else by ``share_worker_processes`` (``policy``): ``always``, the
@@ -222,7 +241,7 @@ def process_group_for(
         return SHARED_GROUP
     if policy == "never":
         return ""
-    fits = process_count([*others, ProcessUse(label, workers)]) <= limit
+    fits = process_count([*others, ProcessUse(label, workers, "", gpus)]) <= limit
     return "" if fits else SHARED_GROUP
 
 

@@ -14,6 +14,7 @@ from ferry.errors import (
     ClientGone,
     FerryError,
     ModelApiDisabled,
+    ModelNotFound,
     NoWorkerAvailable,
     ResponseTooLarge,
 )
@@ -21,6 +22,7 @@ from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import PredictionPart, next_request_id
 from ferry.scheduling.model_runner import ModelRunner
 from ferry.scheduling.registry import ModelRegistry
+from ferry.scheduling.residency import ModelGone
 from ferry.scheduling.sizing import Machine
 from ferry.service import queries
 from ferry.service.lifecycle import ModelLifecycle
@@ -241,6 +243,21 @@ class FerryService:
 
     def set_default(self, name: str, version: str) -> None:
         self.models.set_default(name, version)
+
+    async def load_model(self, name: str, version: str | None) -> ModelRef:
+        """A model loaded on demand made resident now (Ray's multiplexing asks for it);
+        raises what its load raised."""
+        entry = self.registry.get(name, version)
+        try:
+            await self.models.residency.ensure_resident(entry.runner.label)
+        except ModelGone as gone:
+            raise ModelNotFound(str(gone)) from None
+        return ModelRef(entry.archive.name, entry.archive.version)
+
+    async def release_model(self, name: str, version: str | None) -> None:
+        """Evict a model loaded on demand now if it is idle, else once it is."""
+        entry = self.registry.get(name, version)
+        await self.models.residency.release(entry.runner.label)
 
     def describe(self, name: str, version: str | None) -> list[ModelStatus]:
         return queries.describe(self.registry, name, version)

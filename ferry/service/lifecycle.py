@@ -123,7 +123,7 @@ class ModelLifecycle:
             # Loaded on demand, a model joins a running process rather than starting one.
             policy = "always"
         group = sizing.process_group_for(
-            config, policy, self._process_uses(), label, workers, self._worker_limit()
+            config, policy, self._process_uses(), label, workers, self._worker_limit(), gpu_ids
         )
         settings = sizing.runner_settings(
             config,
@@ -136,7 +136,7 @@ class ModelLifecycle:
             load_on_demand=on_demand,
         )
         refusal = self._over_worker_limit(
-            sizing.ProcessUse(label, settings.workers, group)
+            sizing.ProcessUse(label, settings.workers, group, gpu_ids)
         ) or _gpu_memory_refusal(archive, gpu_ids, settings.workers)
         if refusal is not None:
             raise ConfigError(refusal)
@@ -152,8 +152,12 @@ class ModelLifecycle:
         return [
             sizing.ProcessUse(
                 f"{entry.archive.name} v{entry.archive.version}",
-                len(entry.runner.slots),
+                # A model loaded on demand counts at its workers once loaded.
+                entry.runner.settings.workers
+                if entry.runner.settings.load_on_demand
+                else len(entry.runner.slots),
                 entry.runner.settings.process_group,
+                entry.runner.settings.gpu_ids,
             )
             for entry in self.registry.all_versions()
             if entry is not replacing
@@ -298,6 +302,7 @@ class ModelLifecycle:
                 f"{entry.archive.name} v{entry.archive.version}",
                 min_worker,
                 runner.settings.process_group,
+                runner.settings.gpu_ids,
             )
             refusal = self._over_worker_limit(use, replacing=entry)
             if refusal is not None:

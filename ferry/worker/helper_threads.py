@@ -243,19 +243,24 @@ def seeking_helpers() -> bool:
     return placement is not None and placement.searching
 
 
-_placement: HelperPlacement | None = None
-_placing_thread: int | None = None
+_placements: dict[int, HelperPlacement] = {}
+"""By handler thread: a worker's one; a process hosting several models runs all their
+handler code on one thread (``ferry.worker.host``), whose first placement stays."""
 
 
 def install(placement: HelperPlacement | None) -> None:
-    """Make ``placement`` this worker's, for the calling thread (the handler's)."""
-    global _placement, _placing_thread
-    _placement = placement
-    _placing_thread = threading.get_ident()
+    """Make ``placement`` the calling thread's (the handler's), unless it has one."""
+    if placement is not None:
+        _placements.setdefault(threading.get_ident(), placement)
+
+
+def forget_placement() -> None:
+    """The calling thread has no placement any more."""
+    _placements.pop(threading.get_ident(), None)
 
 
 def _this_threads_placement() -> HelperPlacement | None:
-    return _placement if threading.get_ident() == _placing_thread else None
+    return _placements.get(threading.get_ident())
 
 
 @contextlib.contextmanager

@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from ferry.wire import codec, log_forward
 from ferry.wire.environment import BOUND_GPU, handler_gpu, user_pins_threads
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
+    BatchResult,
     Message,
+    PredictBatch,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
 )
 from ferry.wire.spec import WorkerSpec
-from ferry.worker.footprint import FootprintMeter
+from ferry.worker.footprint import Footprint, FootprintMeter
 from ferry.worker.helper_threads import (
     handler_thread_work,
     helper_placement,
@@ -39,6 +44,7 @@ from ferry.worker.runner import BatchRunner
 from ferry.worker.torch_setup import configure_torch
 
 log = logging.getLogger("ferry.worker")
+T = TypeVar("T")
 
 
 class FrameSender:
@@ -86,6 +92,17 @@ def _chosen_device(handler: object, spec: WorkerSpec) -> str:
     return device
 
 
+class HandlerThread(Protocol):
+    """Where a worker runs its handler's code (loads, batches): ``work()`` there, its
+    result or exception back."""
+
+    def __call__(self, work: Callable[[], T]) -> T: ...
+
+
+def in_this_thread(work: Callable[[], T]) -> T:
+    return work()
+
+
 def serve(
     sock: socket.socket,
     inbox: Inbox,
@@ -94,35 +111,44 @@ def serve(
     *,
     loading: contextlib.AbstractContextManager[object] | None = None,
     unload: bool = False,
+    handler_thread: HandlerThread = in_this_thread,
 ) -> int:
     """Load the handler, then answer batches until the frontend closes the socket.
     ``loading``: held around the load (a process hosting several models loads one at a
-    time); ``unload``: stop the handler's stage pipeline at the end (the process lives on)."""
+    time); ``unload``: stop the handler's stage pipeline at the end (the process lives on);
+    ``handler_thread``: where the handler's code runs (a process hosting several models
+    runs all of theirs on one thread: ``ferry.worker.host``)."""
     send = FrameSender(sock)
-    threads_before = threads_before_load() if place_helpers else None
+
+    def load() -> tuple[ReadyHandler, BatchRunner, str, Footprint]:
+        threads_before = threads_before_load() if place_helpers else None
+        meter = FootprintMeter()
+        ready, runner, device = _load(spec, send)
+        footprint = meter.measured()
+        if place_helpers:
+            install(helper_placement(threads_before))
+        return ready, runner, device, footprint
+
     try:
         with loading or contextlib.nullcontext():
-            meter = FootprintMeter()
-            ready, runner, device = _load(spec, send)
-            footprint = meter.measured()
+            ready, runner, device, footprint = handler_thread(load)
     except Exception as exc:
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
-    if place_helpers:
-        install(helper_placement(threads_before))
     send(WorkerReady(os.getpid(), device, footprint.resident_bytes, footprint.gpu_bytes))
     try:
-        return _answer_batches(inbox, runner, send)
+        return _answer_batches(inbox, runner, send, handler_thread)
     finally:
         if unload:
-            ready.close()
+            handler_thread(ready.close)
 
 
-def _answer_batches(inbox: Inbox, runner: BatchRunner, send: FrameSender) -> int:
+def _answer_batches(
+    inbox: Inbox, runner: BatchRunner, send: FrameSender, handler_thread: HandlerThread
+) -> int:
     while (message := inbox.next_batch()) is not None:
-        with handler_thread_work():
-            answer = runner.run(message, inbox.is_cancelled)
+        answer = handler_thread(functools.partial(_run_batch, runner, message, inbox))
         if runner.device_failed is not None:
             # Unanswered, as if the worker had crashed: the frontend answers a lone request
             # and retries batch-mates one by one on fresh workers (poison isolation).
@@ -136,6 +162,11 @@ def _answer_batches(inbox: Inbox, runner: BatchRunner, send: FrameSender) -> int
             log.exception("batch %d's answer cannot be sent", message.batch_id)
             send(runner.failed(message, exc))
     return 0
+
+
+def _run_batch(runner: BatchRunner, message: PredictBatch, inbox: Inbox) -> BatchResult:
+    with handler_thread_work():
+        return runner.run(message, inbox.is_cancelled)
 
 
 def read_spec(inbox: Inbox) -> WorkerSpec | None:

@@ -70,6 +70,9 @@ class PreprocessProcesses:
 
     def __init__(self, handler: Any, processes: int) -> None:
         self._state = pickle.dumps(handler)
+        self._paths = list(sys.path)
+        """The import path of the load: a process hosting several models takes the
+        model's folder off it afterwards, and a restart must still find the handler."""
         self._processes = processes
         self._lock = threading.Lock()
         self._pool = self._start()
@@ -81,7 +84,7 @@ class PreprocessProcesses:
             initializer=_start_child,
             # A child inherits the affinity of the thread that starts it: with cpu_pinning,
             # one core; it takes every core of the worker instead.
-            initargs=(self._state, list(sys.path), worker_cores()),
+            initargs=(self._state, self._paths, worker_cores()),
         )
         # Start the children now rather than on the first batch.
         for future in [pool.submit(_ready) for _ in range(self._processes)]:

@@ -104,6 +104,9 @@ class HostProcess:
         self.places: set[tuple[str, str]] = set()
         """The model versions (name, folder) it holds or is loading: one worker of each."""
         self.closing = False
+        self._loading = asyncio.Lock()
+        """One load at a time, as the host runs them: a model's start-up timeout counts
+        its own load, not the loads queued before it."""
         self.exited: asyncio.Future[Any] = asyncio.ensure_future(process.wait())
         self.exited.add_done_callback(self._on_exit)
         assert process.stdout is not None
@@ -155,7 +158,14 @@ class HostProcess:
         return not self.closing and not self.exited.done() and _place(spec) not in self.places
 
     async def load(self, spec: WorkerSpec, timeout: float) -> HostedWorker:
-        """Host a worker for ``spec`` (its place taken already); raises ``WorkerStartFailed``."""
+        """Host a worker for ``spec`` (its place taken already), once the loads before it
+        are done; raises ``WorkerStartFailed``."""
+        async with self._loading:
+            if self.exited.done():
+                raise WorkerStartFailed(StartFailure.EXITED, "the host process is gone")
+            return await self._load(spec, timeout)
+
+    async def _load(self, spec: WorkerSpec, timeout: float) -> HostedWorker:
         ours, theirs = socket.socketpair()
         try:
             socket.send_fds(self.control, [MODEL_SOCKET], [theirs.fileno()])
@@ -173,6 +183,10 @@ class HostProcess:
             failure = start_failure(exc)
             if isinstance(failure, WorkerStartFailed) and failure.kind is StartFailure.LOAD_ERROR:
                 worker.loaded = True  # its thread has ended: closing lets it go
+            if isinstance(exc, asyncio.CancelledError):
+                # Not wanted any more (scaled away, unregistered): its thread finishes the
+                # load, finds the socket closed and ends; the neighbours serve on.
+                worker.loaded = True
             worker.kill()
             if failure is exc:
                 raise
@@ -258,11 +272,26 @@ class ProcessHosts:
 
 
 def sharing_processes(own: WorkerFactory, hosts: ProcessHosts) -> WorkerFactory:
-    """Workers of specs that name a process group in ``hosts``, the others by ``own``."""
+    """Workers of specs that name a process group in ``hosts``, the others by ``own``. A
+    model whose load a shared process did not survive (it crashed or hung while loading)
+    gets processes of its own from then on: retrying it there would take its neighbours
+    down at every attempt."""
+    isolated: set[tuple[str, str]] = set()
 
     async def start(spec: WorkerSpec, startup_timeout: float) -> WorkerHandle:
-        if spec.process_group:
+        if not spec.process_group or _place(spec) in isolated:
+            return await own(spec, startup_timeout)
+        try:
             return await hosts.start(spec, startup_timeout)
-        return await own(spec, startup_timeout)
+        except WorkerStartFailed as failure:
+            if failure.kind in (StartFailure.EXITED, StartFailure.TIMEOUT):
+                isolated.add(_place(spec))
+                log.warning(
+                    "%s: its shared process did not survive its load (%s); it gets a process "
+                    "of its own from now on",
+                    spec.model_name,
+                    failure.message,
+                )
+            raise
 
     return start

@@ -100,16 +100,24 @@ def test_the_least_recently_used_idle_model_is_evicted_and_comes_back(
     assert "evicted (least recently used)" in server.log()
 
 
-def test_a_busy_model_stays_and_the_load_goes_over_budget(
-    server: RunningServer, tmp_path: Path
-) -> None:
-    assert predict(server, "a").status_code == 200
-    with busy_worker(server, "a", tmp_path / "gate") as statuses:
-        assert predict(server, "b").status_code == 200
-        assert resident(server, "a") and resident(server, "b")
-    assert statuses == [200]
-    assert metric(server, "ferry_memory_budget_exceeded_total") >= 1
-    assert "past the memory budget" in server.log()
+def test_a_busy_model_stays_and_the_load_goes_over_budget(tmp_path: Path) -> None:
+    """``a`` in a process group of its own: its blocked request holds that process's
+    handler thread, not the one ``b`` loads on."""
+    store = tmp_path / "store"
+    store.mkdir()
+    models = [
+        handler_archive(store, "a", BALLAST, loadOnDemand=True, processGroup="apart"),
+        handler_archive(store, "b", BALLAST, loadOnDemand=True),
+        handler_archive(store, "pinned", BALLAST, loadOnDemand=False),
+    ]
+    with ferry_server(store, models, tmp_path, "--model-memory-budget-mb", "60") as server:
+        assert predict(server, "a").status_code == 200
+        with busy_worker(server, "a", tmp_path / "gate") as statuses:
+            assert predict(server, "b").status_code == 200
+            assert resident(server, "a") and resident(server, "b")
+        assert statuses == [200]
+        assert metric(server, "ferry_memory_budget_exceeded_total") >= 1
+        assert "past the memory budget" in server.log()
 
 
 def test_a_snapshot_brings_an_on_demand_model_back_registered_not_resident(

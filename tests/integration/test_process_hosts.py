@@ -16,8 +16,8 @@ import pytest
 
 from ferry.wire.messages import BatchResult, InputPart, PredictBatch, RequestItem
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerStartFailed
-from ferry.worker_handles.hosts import HostedWorker, ProcessHosts
+from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerHandle, WorkerStartFailed
+from ferry.worker_handles.hosts import HostedWorker, ProcessHosts, sharing_processes
 from tests.fixtures.fake_worker import spec
 
 # Two models whose handler files have the same name, each importing its own model.py.
@@ -197,5 +197,68 @@ def test_a_crash_while_a_neighbour_runs_a_batch_blames_neither(tmp_path: Path) -
         await b.send(PredictBatch(1, [crash]))
         assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
         assert await asyncio.wait_for(asyncio.shield(a.exited), TIMEOUT) == -signal.SIGKILL
+
+    run(scenario)
+
+
+def slow_folder(root: Path, name: str, seconds: float) -> WorkerSpec:
+    worker_spec = grouped(root, name)
+    handler = Path(worker_spec.model_dir) / "handler.py"
+    handler.write_text(f"import time\ntime.sleep({seconds})\n" + HANDLER)
+    return worker_spec
+
+
+def test_each_load_has_its_own_start_up_timeout_however_many_wait_before_it(
+    tmp_path: Path,
+) -> None:
+    """Ten models of 0.5 s each placed at once: the last waits ~4.5 s for the loads
+    before it, within its own timeout of 3 s (its load alone is counted)."""
+
+    async def scenario(hosts: ProcessHosts) -> None:
+        specs = [slow_folder(tmp_path, f"m{index}", 0.5) for index in range(10)]
+        workers = await asyncio.gather(*(hosts.start(s, 3.0) for s in specs))
+        assert len({worker.pid for worker in workers}) == 1
+
+    run(scenario)
+
+
+def test_a_load_cancelled_midway_leaves_the_neighbours_serving(tmp_path: Path) -> None:
+    async def scenario(hosts: ProcessHosts) -> None:
+        a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
+        slow = asyncio.create_task(hosts.start(slow_folder(tmp_path, "slow", 2.0), TIMEOUT))
+        await asyncio.sleep(0.5)  # the slow model is loading (or waiting to)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert await ask(a, b"x") == {"model": "a", "pid": a.pid}
+        assert not a.host.exited.done()
+
+    run(scenario)
+
+
+def test_a_model_whose_load_kills_its_shared_process_gets_one_of_its_own(
+    tmp_path: Path,
+) -> None:
+    started: list[WorkerSpec] = []
+
+    async def own(spec: WorkerSpec, startup_timeout: float) -> WorkerHandle:
+        started.append(spec)
+        raise WorkerStartFailed(StartFailure.EXITED, "worker exited while loading")
+
+    async def scenario(hosts: ProcessHosts) -> None:
+        start = sharing_processes(own, hosts)
+        a = await start(grouped(tmp_path, "a"), TIMEOUT)
+        crashing = grouped(tmp_path, "crashing")
+        (Path(crashing.model_dir) / "handler.py").write_text("import os\nos._exit(5)\n")
+        with pytest.raises(WorkerStartFailed) as first:
+            await start(crashing, TIMEOUT)
+        assert first.value.kind is StartFailure.EXITED and started == []
+        with pytest.raises(WorkerStartFailed):
+            await start(crashing, TIMEOUT)
+        assert started == [crashing]  # its second start: a process of its own
+        b = await start(grouped(tmp_path, "b"), TIMEOUT)
+        assert isinstance(b, HostedWorker)
+        assert await ask(b, b"x") == {"model": "b", "pid": b.pid}
+        assert isinstance(a, HostedWorker) and a.exited.done()  # the crash took a along
 
     run(scenario)

@@ -158,7 +158,7 @@ def test_the_window_closes_when_the_work_raises() -> None:
         with helper_threads.handler_thread_work():
             controls.live = {1, 11}
     finally:
-        helper_threads.install(None)
+        helper_threads.forget_placement()
     assert placement.helpers == [11]  # its window was the outermost: the stack was empty
 
 
@@ -204,7 +204,7 @@ def test_only_the_handlers_thread_searches_and_moves() -> None:
             pass
         assert controls.moves == [(11, [1])]
     finally:
-        helper_threads.install(None)
+        helper_threads.forget_placement()
 
 
 def test_nothing_to_place_with_one_thread_or_core(monkeypatch: pytest.MonkeyPatch) -> None:

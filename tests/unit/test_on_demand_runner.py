@@ -152,3 +152,20 @@ def test_a_request_queued_while_its_model_is_evicted_is_answered() -> None:
         await b.stop()
 
     run(scenario)
+
+
+def test_a_request_waiting_alone_or_an_open_sequence_keeps_the_model_busy() -> None:
+    """Retries after a crash and describe calls wait in the dispatcher's own queue: a
+    model holding one is in use, not to be evicted."""
+
+    async def scenario() -> None:
+        runner = on_demand_runner(FakeFactory())
+        runner.start()
+        assert not runner.busy()
+        job = make_job()
+        runner.submit_alone(job)  # no worker yet, no residency: it waits
+        assert runner.waiting == 0 and runner.busy()
+        await runner.stop()
+        assert isinstance(job.future.exception(), NoWorkerAvailable)
+
+    run(scenario)

@@ -150,7 +150,7 @@ def test_torch_helpers_leave_the_core_of_each_micro_batchs_inference() -> None:
             float(i * i) for i in range(6)
         ]
     finally:
-        helper_threads.install(None)
+        helper_threads.forget_placement()
         pipeline.close()
     assert controls.moves == [(11, [1]), (11, [0]), (11, [1])]
 
@@ -187,7 +187,7 @@ def test_while_helpers_are_sought_each_inference_runs_with_the_stage_threads_idl
             float(i * i) for i in range(rows)
         ]
     finally:
-        helper_threads.install(None)
+        helper_threads.forget_placement()
         pipeline.close()
     assert placement.helpers == [11]
     assert handler.most_ready == 1

@@ -13,7 +13,7 @@ from ferry.config.model_config import parse_model_config
 from ferry.config.settings import ServerSettings
 from ferry.ray_serve.app import management_app
 from ferry.ray_serve.deployer import Deployer
-from ferry.ray_serve.plan import DeploymentPlan, plan_for
+from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, plan_for
 
 
 class FakeDeployer(Deployer):
@@ -24,7 +24,7 @@ class FakeDeployer(Deployer):
         super().__init__(ServerSettings(), None, plans, defaults)
         self.scaled: list[tuple[str, int, int | None]] = []
 
-    def replicas(self, plan: DeploymentPlan) -> dict[str, int]:
+    def replicas(self, plan: DeploymentPlan | PoolPlan) -> dict[str, int]:
         return {"RUNNING": plan.num_replicas or 0}
 
     async def scale(self, key: str, low: int, high: int | None) -> None:

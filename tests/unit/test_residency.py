@@ -301,3 +301,81 @@ def test_a_model_larger_than_the_budget_still_loads_alone(budget_mb: int) -> Non
         assert model.resident()
 
     run(scenario)
+
+
+def test_a_release_of_a_busy_model_evicts_it_once_it_is_idle() -> None:
+    async def scenario() -> None:
+        residency = Residency({})
+        model = FakeModel("m")
+        register(residency, model)
+        residency.wanted("m")
+        await settle(residency)
+        model.waiting = 1
+        await residency.release("m", poll=0.001)
+        assert model.resident()  # busy: not now
+        model.waiting = 0
+        await until(lambda: not model.resident())
+        assert model.evictions == 1
+
+    run(scenario)
+
+
+def test_a_release_is_dropped_when_the_model_is_wanted_again() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        residency = Residency({}, clock=clock)
+        model = FakeModel("m")
+        register(residency, model)
+        residency.wanted("m")
+        await settle(residency)
+        model.waiting = 1
+        await residency.release("m", poll=0.001)
+        clock.tick()
+        residency.wanted("m")  # Ray sent it a request again
+        model.waiting = 0
+        await until(lambda: residency._entries["m"].release is None)
+        assert model.resident() and model.evictions == 0
+
+    run(scenario)
+
+
+def test_ensure_resident_waits_for_an_eviction_then_loads() -> None:
+    async def scenario() -> None:
+        residency = Residency({HOST: 15 * MB})
+        a, b = FakeModel("a"), FakeModel("b")
+        register(residency, a, b)
+        await residency.ensure_resident("a")
+        assert a.resident()
+        evicting = asyncio.create_task(residency.release("a"))
+        await asyncio.sleep(0)  # the eviction is under way
+        await residency.ensure_resident("a")
+        await evicting
+        assert a.resident() and a.loads == 2
+
+    run(scenario)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never held")
+
+
+def test_a_smaller_measurement_never_shrinks_what_a_model_is_taken_to_need() -> None:
+    """A load into memory a neighbour just freed barely moves the process's size: the
+    model still counts at its largest measurement, and at least its weights' size."""
+
+    async def scenario() -> None:
+        residency = Residency({HOST: 100 * MB})
+        model = FakeModel("m", size=30 * MB)
+        residency.add(model, on_demand=True, estimate={HOST: 20 * MB})
+        await residency.ensure_resident("m")
+        await residency.release("m")
+        model.size = 1 * MB  # measured again: next to nothing
+        await residency.ensure_resident("m")
+        assert residency.used() == {HOST: 30 * MB}
+        assert residency.committed() == {HOST: 30 * MB}
+
+    run(scenario)

@@ -1,0 +1,91 @@
+"""``ferry serve --ray`` with models loaded on demand: one pool deployment multiplexes them
+(Ray Serve's model multiplexing) over its replicas. A replica holding at most two models
+answers three in turn; Ray unloads the least recently used one and the replica evicts it
+from its Ferry service (asked again, it comes back as a fresh load); describe says where a
+model lives; scaling one pooled model is refused with the way to scale the pool."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fixtures.haproxy import free_port
+from tests.fixtures.models import digest_archive
+from tests.fixtures.polling import HANG_GUARD
+from tests.fixtures.server import RunningServer, ferry_server
+
+pytestmark = pytest.mark.e2e
+if importlib.util.find_spec("ray") is None:  # a lean install: only then is this skipped
+    pytest.skip("Ray is not installed: pip install 'ferry-serve[ray]'", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    cluster_utils: Any = importlib.import_module("ray.cluster_utils")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        cluster.wait_for_nodes(timeout=HANG_GUARD)
+        tmp = tmp_path_factory.mktemp("ray-pool")
+        store = tmp / "store"
+        store.mkdir()
+        models = [digest_archive(store, name, loadOnDemand=True) for name in ("a", "b", "c")]
+        with ferry_server(
+            store,
+            models,
+            tmp,
+            "--inference-address",
+            f"http://127.0.0.1:{free_port('127.0.0.1')}",
+            "--management-address",
+            f"http://127.0.0.1:{free_port('127.0.0.1')}",
+            "--ray-models-per-replica",
+            "2",
+            "--ray",
+            cluster.address,
+            command=[sys.executable, "-m", "ferry"],
+        ) as running:
+            yield running
+    finally:
+        cluster.shutdown()
+
+
+def predict(server: RunningServer, model: str, body: bytes = b"x") -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/predictions/{model}", content=body, timeout=HANG_GUARD)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    assert answer["digest"] == hashlib.sha256(body).hexdigest()
+    return answer
+
+
+def test_a_replica_of_two_models_serves_three_evicting_the_least_recently_used(
+    server: RunningServer,
+) -> None:
+    assert [predict(server, "a")["sequence"] for _ in range(2)] == [1, 2]
+    predict(server, "b")
+    predict(server, "c")  # a third model: Ray unloads a, the replica evicts it
+    assert predict(server, "a")["sequence"] == 1  # loaded afresh
+    missing = httpx.post(f"{server.url}/predictions/nothing", content=b"x", timeout=HANG_GUARD)
+    assert missing.status_code == 404
+
+
+def test_describe_names_the_pool_and_scaling_a_pooled_model_is_refused(
+    server: RunningServer,
+) -> None:
+    with server.management() as api:
+        (described,) = api.get("/models/b").json()
+        assert described["loadOnDemand"] is True
+        assert described["ray"]["deployment"] == "ferry_model_pool"
+        assert described["ray"]["multiplexed"] is True
+        assert described["ray"]["modelsPerReplica"] == 2
+        assert {m["modelName"] for m in api.get("/models").json()["models"]} == {"a", "b", "c"}
+        refused = api.put("/models/b", params={"min_worker": 2})
+        assert refused.status_code == 400
+        assert "ray_pool_replicas" in refused.json()["message"]
