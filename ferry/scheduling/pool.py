@@ -253,7 +253,8 @@ class WorkerPool:
         slot.first_attempt.set()
         backoff.reset()
         info = worker.info
-        log.info("%s worker %d ready (pid %s, %s)", self.label, slot.index, info.pid, info.device)
+        where = f"{info.device}, shared process" if info.shared else info.device
+        log.info("%s worker %d ready (pid %s, %s)", self.label, slot.index, info.pid, where)
 
         def on_busy(busy: bool) -> None:
             slot.state = SlotState.BUSY if busy else SlotState.READY

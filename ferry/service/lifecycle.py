@@ -203,13 +203,21 @@ class ModelLifecycle:
             sharing = sum(counts)
             # Past the cap in processes of their own, they share from the first on: packing
             # only those that come last would leave most processes to the first few.
-            share = (
-                sizing.process_count(
-                    sizing.ProcessUse(a.name, count, a.config.process_group or "")
-                    for a, count in zip(archives, counts, strict=True)
-                )
-                > self._worker_limit()
+            needed = sizing.process_count(
+                sizing.ProcessUse(a.name, count, a.config.process_group or "")
+                for a, count in zip(archives, counts, strict=True)
             )
+            share = needed > self._worker_limit()
+            if share and self.settings.share_worker_processes == "auto":
+                log.info(
+                    "%d start-up models would take %d worker processes, past "
+                    "max_workers_total (%d): they share processes (process group %r; "
+                    "share_worker_processes=never refuses instead)",
+                    len(archives),
+                    needed,
+                    self._worker_limit(),
+                    sizing.SHARED_GROUP,
+                )
             started = [
                 self.start(archive, at_startup=True, sharing_workers=sharing, share=share)
                 for archive in archives

@@ -118,6 +118,7 @@ def test_start_up_past_the_worker_cap_shares_processes_unless_told_never(
                 api.get(f"/models/{n}").json()[0]["workers"][0]["pid"] for n in ("first", "second")
             }
         assert len(pids) == 1
+        assert "past max_workers_total (1): they share processes" in server.log()
     result = run_ferry(
         *serve_args(
             tmp_path,
