@@ -288,6 +288,10 @@ class OnDemandRun:
     evictions: int = 0
     requests: int = 0
 
+    @property
+    def peak_pss(self) -> int:
+        return max((pss for _, pss in self.memory), default=0)
+
 
 async def open_loop(
     server: Server,
@@ -337,6 +341,26 @@ def sample_memory(server: Server, run: OnDemandRun, stop: threading.Event) -> No
         run.memory.append((time.monotonic() - start, server.pss_bytes()))
 
 
+def sampled_open_loop(
+    server: Server,
+    names: list[str],
+    payloads: list[bytes],
+    rate: float,
+    seconds: float,
+    exponent: float,
+    run: OnDemandRun,
+) -> None:
+    """``open_loop`` into ``run``, the server's PSS sampled every second meanwhile."""
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_memory, args=(server, run, stop))
+    sampler.start()
+    try:
+        asyncio.run(open_loop(server, names, payloads, rate, seconds, exponent, run))
+    finally:
+        stop.set()
+        sampler.join()
+
+
 def zipf_resident(
     kind: str,
     folder: Path,
@@ -352,14 +376,7 @@ def zipf_resident(
     run = OnDemandRun()
     with launch(kind, folder, store, names, archive) as server:
         answer_all(server, names, payloads[0])
-        stop = threading.Event()
-        sampler = threading.Thread(target=sample_memory, args=(server, run, stop))
-        sampler.start()
-        try:
-            asyncio.run(open_loop(server, names, payloads, rate, seconds, exponent, run))
-        finally:
-            stop.set()
-            sampler.join()
+        sampled_open_loop(server, names, payloads, rate, seconds, exponent, run)
     return run
 
 
@@ -410,14 +427,7 @@ def on_demand(
         model_memory_budget_mb=str(run.budget_mb),
     ) as server:
         answer_all(server, names[:1], payloads[0])  # the server is up, its shared process too
-        stop = threading.Event()
-        sampler = threading.Thread(target=sample_memory, args=(server, run, stop))
-        sampler.start()
-        try:
-            asyncio.run(open_loop(server, names, payloads, rate, seconds, exponent, run))
-        finally:
-            stop.set()
-            sampler.join()
+        sampled_open_loop(server, names, payloads, rate, seconds, exponent, run)
         log = server.log_path.read_text()
         run.loads = [float(m.group(2)) for m in LOADED.finditer(log)][1:]
         run.evictions = log.count("evicted (least recently used)")
@@ -578,10 +588,7 @@ def main() -> None:
                 f"{kind} {dict(sorted(run.statuses.items()))}" for kind, run in runs.items()
             )
             + ". PSS peak: "
-            + "; ".join(
-                f"{kind} {max((m for _, m in run.memory), default=0) / MB:,.0f} MB"
-                for kind, run in runs.items()
-            )
+            + "; ".join(f"{kind} {run.peak_pss / MB:,.0f} MB" for kind, run in runs.items())
             + ".",
             "",
         ]
@@ -598,7 +605,7 @@ def main() -> None:
             args.zipf,
         )
         errors = sum(count for status, count in run.statuses.items() if status != 200)
-        peak = max((pss for _, pss in run.memory), default=0)
+        peak = run.peak_pss
         lines += [
             f"## {args.on_demand_models} models on demand, a budget that holds {args.hold}",
             "",

@@ -19,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ferry.wire.environment import gpu_environment, worker_environment
 from ferry.wire.messages import HOST_READY, MODEL_SOCKET
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.connection import WorkerConnection, start_failure
@@ -38,6 +35,7 @@ from ferry.worker_handles.handle import (
     WorkerStartFailed,
 )
 from ferry.worker_handles.output_relay import relay_output
+from ferry.worker_handles.process import process_environment, spawn_module
 
 log = logging.getLogger("ferry.worker")
 
@@ -116,26 +114,10 @@ class HostProcess:
     @classmethod
     async def spawn(cls, key: HostKey, index: int, threads: int, timeout: float) -> HostProcess:
         """A new host, once it has torch imported; raises ``WorkerStartFailed``."""
-        env = worker_environment(os.environ)
-        if key[1] is not None:
-            env.update(gpu_environment(key[1], os.environ))
+        env = process_environment(key[1])
         parent, child = socket.socketpair()
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-P",  # as a worker: the frontend's folder is not on its import path
-                "-m",
-                "ferry.worker.host",
-                "--fd",
-                str(child.fileno()),
-                "--threads",
-                str(threads),
-                pass_fds=(child.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-            )
+            process = await spawn_module("ferry.worker.host", child, env, "--threads", str(threads))
         except OSError as exc:
             parent.close()
             raise WorkerStartFailed(StartFailure.SPAWN, f"cannot start a host: {exc}") from exc

@@ -58,10 +58,7 @@ class WorkerProcess(WorkerConnection):
         with ``cores``, its torch threads on cores of its own while it lives (when enough
         are free and the user pins nothing). Raises ``WorkerStartFailed``; the process
         never outlives a failed start."""
-        env = worker_environment(os.environ)
-        env.pop(PINNED_BY_FERRY, None)  # only for a worker Ferry pins: not inherited
-        if spec.gpu_id is not None:
-            env.update(gpu_environment(spec.gpu_id, os.environ))
+        env = process_environment(spec.gpu_id)
         claim = _claim_cores(spec, cores, env)
         if claim is not None:
             env.update(pinned_environment(claim.cores))
@@ -142,16 +139,34 @@ def _claim_cores(
     return CoreClaim(cores, claimed)
 
 
+def process_environment(gpu_id: int | None) -> dict[str, str]:
+    """The environment a worker process (or a host of several models) starts with, bound
+    to ``gpu_id`` when it has one."""
+    env = worker_environment(os.environ)
+    env.pop(PINNED_BY_FERRY, None)  # only for a worker Ferry pins: not inherited
+    if gpu_id is not None:
+        env.update(gpu_environment(gpu_id, os.environ))
+    return env
+
+
 async def _spawn(child_sock: socket.socket, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await spawn_module("ferry.worker.main", child_sock, env)
+
+
+async def spawn_module(
+    module: str, child_sock: socket.socket, env: dict[str, str], *args: str
+) -> asyncio.subprocess.Process:
+    """``python -P -m MODULE --fd N ARGS``, ``child_sock`` its end of the socket pair."""
     # -P: the frontend's working directory is not put on the worker's import path, so a
     # stray ``image_classifier.py`` there cannot replace a built-in handler.
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-P",
         "-m",
-        "ferry.worker.main",
+        module,
         "--fd",
         str(child_sock.fileno()),
+        *args,
         pass_fds=(child_sock.fileno(),),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
