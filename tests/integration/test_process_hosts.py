@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +34,12 @@ def handle(data, context):
     for row in data:
         body = row.get("body") or b""
         if body == b"crash":
+            os._exit(3)
+        if body == b"crash when told":
+            # Blocks until the test opens the FIFO "told" beside this file and closes it.
+            here = os.path.dirname(os.path.abspath(__file__))
+            with open(os.path.join(here, "told"), "rb") as told:
+                told.read()
             os._exit(3)
         if body == b"hang":
             import threading
@@ -66,9 +73,12 @@ def grouped(root: Path, name: str, group: str = "shared") -> WorkerSpec:
     )
 
 
+def item(body: bytes) -> RequestItem:
+    return RequestItem("r", {}, [InputPart("body", "application/octet-stream", body)])
+
+
 async def ask(worker: HostedWorker, body: bytes) -> dict[str, object]:
-    item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", body)])
-    await worker.send(PredictBatch(1, [item]))
+    await worker.send(PredictBatch(1, [item(body)]))
     result = await asyncio.wait_for(worker.receive(), TIMEOUT)
     assert isinstance(result, BatchResult)
     (answer,) = result.results
@@ -135,8 +145,7 @@ def test_a_crash_takes_the_host_down_and_only_the_lone_busy_model_is_blamed(
     async def scenario(hosts: ProcessHosts) -> None:
         a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
         b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
-        item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"crash")])
-        await a.send(PredictBatch(1, [item]))
+        await a.send(PredictBatch(1, [item(b"crash")]))
         with pytest.raises(WorkerGone):
             await asyncio.wait_for(a.receive(), TIMEOUT)
         assert await asyncio.wait_for(asyncio.shield(a.exited), TIMEOUT) == 3
@@ -152,8 +161,7 @@ def test_killing_a_hung_model_kills_its_host_and_neighbours_see_it(tmp_path: Pat
     async def scenario(hosts: ProcessHosts) -> None:
         a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
         b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
-        item = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"hang")])
-        await a.send(PredictBatch(1, [item]))
+        await a.send(PredictBatch(1, [item(b"hang")]))
         a.kill()  # what the dispatcher does when the batch times out
         assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
         with pytest.raises(WorkerGone):
@@ -184,17 +192,22 @@ def test_a_model_that_fails_to_load_fails_alone(tmp_path: Path) -> None:
     run(scenario)
 
 
-def test_a_crash_while_a_neighbour_runs_a_batch_blames_neither(tmp_path: Path) -> None:
-    """Two models busy when the process died: either batch may be the cause, so both
-    report an outside kill, and the dispatcher retries their requests."""
+def test_a_crash_while_a_neighbour_holds_a_batch_blames_neither(tmp_path: Path) -> None:
+    """Two models holding a batch when the process died: either batch may be the cause,
+    so both report an outside kill, and the dispatcher retries their requests. (All
+    handler code of a host runs on one thread: a's batch waits behind b's, which crashes
+    once the test has seen it running.)"""
 
     async def scenario(hosts: ProcessHosts) -> None:
         a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
-        b = await hosts.start(grouped(tmp_path, "b"), TIMEOUT)
-        hang = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"hang")])
-        crash = RequestItem("r", {}, [InputPart("body", "application/octet-stream", b"crash")])
-        await a.send(PredictBatch(1, [hang]))
-        await b.send(PredictBatch(1, [crash]))
+        b_spec = grouped(tmp_path, "b")
+        told = Path(b_spec.model_dir) / "told"
+        os.mkfifo(told)
+        b = await hosts.start(b_spec, TIMEOUT)
+        await b.send(PredictBatch(1, [item(b"crash when told")]))
+        await a.send(PredictBatch(1, [item(b"x")]))
+        # Opening the FIFO returns once b's handler has opened it: b's batch is running.
+        await asyncio.wait_for(asyncio.to_thread(told.write_bytes, b""), TIMEOUT)
         assert await asyncio.wait_for(asyncio.shield(b.exited), TIMEOUT) == -signal.SIGKILL
         assert await asyncio.wait_for(asyncio.shield(a.exited), TIMEOUT) == -signal.SIGKILL
 
