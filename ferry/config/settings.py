@@ -201,6 +201,10 @@ class ServerSettings:
     ray_models_per_replica: int = 8
     """``--ray``: models one pool replica holds at most (Ray's
     ``max_num_models_per_replica``); past it, its least recently used one is evicted."""
+    ray_direct_routes: bool = True
+    """``--ray``: TorchServe's prediction paths go from Ray's ingress straight to the
+    model's replicas (one hop less; a request a lost replica held is answered 500 by Ray
+    instead of retried). False: every request passes Ferry's router, which retries it."""
     max_unpacked_size: int = 4 << 30
     """Largest size, in bytes, an archive may unpack to; a larger one is refused."""
     limit_max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS

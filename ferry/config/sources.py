@@ -317,6 +317,7 @@ OPTIONS = (
     Option("gpu_memory_budget_mb", "gpu_memory_budget_mb", _integer(0)),
     Option("ray_pool_replicas", "ray_pool_replicas", _integer(1)),
     Option("ray_models_per_replica", "ray_models_per_replica", _integer(1)),
+    Option("ray_direct_routes", "ray_direct_routes", _boolean),
     Option(
         "share_worker_processes",
         "share_worker_processes",

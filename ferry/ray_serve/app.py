@@ -3,12 +3,13 @@ one Ray Serve application named ``ferry``.
 
 - Ray: ``ray.init(ADDRESS)``: a running cluster (``auto``, ``ray://HOST:10001``, or the
   ``RAY_ADDRESS`` variable), else a local Ray started for the purpose.
-- Inference: Ray Serve's HTTP proxy on ``inference_address`` serves Ferry's inference API
-  (``router``); one deployment per model version (``replica``, sized by ``plan``).
+- Inference: Ray Serve's ingress on ``inference_address`` serves Ferry's inference API:
+  one application per model version (``replica``, sized by ``plan``) takes TorchServe's
+  prediction path of its model, the application ``ferry`` (``router``) every other path.
 - Management: this process serves ``GET /models``, ``GET /models/M[/V]`` and ``PUT
   /models/M[/V]?min_worker=N[&max_worker=M][&synchronous=true]`` on
   ``management_address``: the scale call sets the deployment's replicas.
-- Stop: SIGINT or SIGTERM deletes the application (and shuts down a Ray this process
+- Stop: SIGINT or SIGTERM deletes the applications (and shuts down a Ray this process
   started); the cluster itself is left as it was.
 
 Every node must see the model store at the same path (a shared volume, or the same image
@@ -34,7 +35,7 @@ from ferry.http.errors import exception_handlers
 from ferry.http.listener import QuietUvicorn, bind
 from ferry.http.management import operations_routes
 from ferry.ray_serve import INSTALL_HINT, available
-from ferry.ray_serve.deployer import APPLICATION, Deployer
+from ferry.ray_serve.deployer import Deployer
 from ferry.ray_serve.models import RayModels
 from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, plan_for, pool_plan
 from ferry.security import plan_keys
@@ -44,6 +45,13 @@ from ferry.store.archive import ModelArchive
 from ferry.store.workdir import open_work_dir
 
 log = logging.getLogger("ferry")
+
+CONTROLLER_ENVIRONMENT = {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0"}
+"""Ray Serve's settings for its controller and the proxy it starts (only when this
+process starts Serve on the cluster): the proxy balances each model's requests over all
+its replicas by their queues (power of two choices) instead of sending every one to the
+replica on its own node until that one holds ``max_ongoing_requests``, which, with a
+replica's ``max_ongoing_requests`` as deep as Ferry's queue, would leave the others idle."""
 
 
 def plans_for(
@@ -139,11 +147,15 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
         serve.start(
             proxy_location="HeadOnly",
             http_options={"host": inference.host, "port": inference.port},
+            controller_options={"runtime_env": {"env_vars": dict(CONTROLLER_ENVIRONMENT)}},
         )
-        deployer = Deployer(settings, inference_key, plans, defaults, pool)
+        deployer = Deployer(
+            settings, inference_key, plans, defaults, pool, settings.ray_direct_routes
+        )
         deployer.deploy()
         deployments = [
-            f"{p.deployment} ({p.options().get('num_replicas', 'autoscaling')})"
+            f"{p.deployment} ({p.options().get('num_replicas', 'autoscaling')}"
+            f"{'; ' + route if (route := deployer.route_of(p)) else ''})"
             for p in plans.values()
         ]
         if pool is not None:
@@ -172,8 +184,8 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
         if settings.ready_file is not None:
             write_ready_file(settings.ready_file, urls)
         asyncio.run(_serve_until_signal(server, listening))
-        log.info("stopping: deleting the Ray Serve application %r", APPLICATION)
-        serve.delete(APPLICATION)
+        log.info("stopping: deleting the Ray Serve applications %s", deployer.applications())
+        deployer.delete()
         if started_here or not serve.status().applications:
             # Nothing else on Ray Serve: stop it too, so that the next start's proxy
             # settings (its port) apply.

@@ -1,5 +1,14 @@
-"""The Ray Serve application ``ferry serve --ray`` deploys: a deployment per model version
-(replicas of ``ModelReplica``) behind the ``Router`` ingress, (re)deployed as plans change."""
+"""The Ray Serve applications ``ferry serve --ray`` deploys, (re)deployed as plans change.
+
+- One application per model version: its deployment (replicas of ``ModelReplica``) is
+  the ingress, on the route prefix of TorchServe's prediction path for the model
+  (``DeploymentPlan.direct_route``), so Ray's ingress sends those requests straight to the
+  model's replicas. With ``ray_direct_routes`` off it has no route: only the router
+  reaches it.
+- The application ``ferry`` on ``/``: the ``Router`` ingress, for every other path (the
+  Open Inference Protocol, KServe V1, explanations, server-wide paths), and the pool of
+  the models loaded on demand.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +23,7 @@ from ferry.ray_serve.replica import ModelReplica
 from ferry.ray_serve.router import Router
 
 APPLICATION = "ferry"
+"""The router's application (and the pool's)."""
 HEAD_NODE = "node:__internal_head__"
 """The resource only Ray's head node has."""
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
@@ -27,8 +37,9 @@ ROUTER_ONGOING = 10_000
 
 @dataclass
 class Deployer:
-    """The application's plans, and (re)deploying them: Ray Serve updates only what
-    changed, so a scale call adds or removes replicas without touching the others."""
+    """The applications' plans, and (re)deploying them: a scale call redeploys the one
+    model's application, and Ray Serve adds or removes replicas without touching the
+    others."""
 
     settings: ServerSettings
     inference_key: str | None
@@ -39,16 +50,29 @@ class Deployer:
     """Each model's default version."""
     pool: PoolPlan | None = None
     """The models loaded on demand, multiplexed over one pool of replicas."""
+    direct_routes: bool = True
+    """Whether TorchServe's prediction paths reach the models' replicas with no router."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def application(self) -> Any:
+    def route_of(self, plan: DeploymentPlan) -> str | None:
+        """The model version's route prefix on Ray's ingress; None: the router only."""
+        return plan.direct_route(self.defaults.get(plan.name)) if self.direct_routes else None
 
-        handles = {
-            key: _deployment(ModelReplica)
+    def model_application(self, plan: DeploymentPlan) -> Any:
+        """Ray Serve's run target for the application of one model version."""
+        from ray import serve
+
+        replicas = (
+            _deployment(ModelReplica)
             .options(**plan.options(), logging_config=QUIET)
             .bind(self.settings, plan.entry, plan.name, self.inference_key)
-            for key, plan in self.plans.items()
-        }
+        )
+        return serve.RunTarget(replicas, name=plan.application, route_prefix=self.route_of(plan))
+
+    def router_application(self) -> Any:
+        """Ray Serve's run target for ``ferry``: the router, and the pool if any."""
+        from ray import serve
+
         router = _deployment(Router).options(
             name="router",
             max_ongoing_requests=ROUTER_ONGOING,
@@ -64,28 +88,47 @@ class Deployer:
                 .options(**self.pool.options(), logging_config=QUIET)
                 .bind(self.settings, self.pool.entries, self.inference_key)
             )
-        return router.bind(handles, self.defaults, pool, self.pool.keys if self.pool else ())
+        targets = {key: (plan.deployment, plan.application) for key, plan in self.plans.items()}
+        pooled = self.pool.keys if self.pool else ()
+        application = router.bind(targets, self.defaults, pool, pooled)
+        return serve.RunTarget(application, name=APPLICATION, route_prefix="/")
 
     def deploy(self) -> None:
-        """Deploy, and wait until every deployment runs (Ray Serve's ``serve.run``)."""
+        """Deploy every application, and wait until all run (Ray Serve's ``run_many``)."""
         from ray import serve
 
-        serve.run(self.application(), name=APPLICATION, route_prefix="/")
+        models = [self.model_application(plan) for plan in self.plans.values()]
+        serve.run_many([*models, self.router_application()])
+
+    def applications(self) -> list[str]:
+        """The names of every application deployed."""
+        return [*(plan.application for plan in self.plans.values()), APPLICATION]
+
+    def delete(self) -> None:
+        """Remove every application (Ray Serve stops their replicas)."""
+        from ray import serve
+
+        for name in self.applications():
+            serve.delete(name)
 
     def replicas(self, plan: DeploymentPlan | PoolPlan) -> dict[str, int]:
         """Replica counts by state (``RUNNING``, ``STARTING``, ...) as Ray Serve reports."""
         from ray import serve
 
-        application = serve.status().applications.get(APPLICATION)
+        name = plan.application if isinstance(plan, DeploymentPlan) else APPLICATION
+        application = serve.status().applications.get(name)
         if application is None or plan.deployment not in application.deployments:
             return {}
         states = application.deployments[plan.deployment].replica_states
         return {str(state): int(count) for state, count in states.items()}
 
     async def scale(self, key: str, low: int, high: int | None) -> None:
+        from ray import serve
+
         async with self.lock:
             self.plans[key] = self.plans[key].scaled(low, high)
-            await asyncio.to_thread(self.deploy)
+            target = self.model_application(self.plans[key])
+            await asyncio.to_thread(serve.run_many, [target])
 
 
 def _deployment(cls: type) -> Any:

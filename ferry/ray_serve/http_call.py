@@ -1,12 +1,16 @@
 """An HTTP request and its answer as plain data, and running one through an ASGI app in
 process: how the router hands a request to a model's replica across Ray (both ends
-pickle these), and how the replica answers it with Ferry's own inference API."""
+pickle these), and how the replica answers it with Ferry's own inference API. Ray's
+ingress hands a deployment a Starlette request and takes a Starlette response back:
+``call_of`` and ``response_of`` convert."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message
 
 Headers = tuple[tuple[bytes, bytes], ...]
@@ -26,6 +30,23 @@ class HttpAnswer:
     status: int
     headers: Headers
     body: bytes
+
+
+async def call_of(request: Request) -> HttpCall:
+    """The request Ray's ingress handed over, as plain data (its body read whole)."""
+    return HttpCall(
+        request.method,
+        request.url.path,
+        request.url.query.encode(),
+        tuple((key.lower(), value) for key, value in request.headers.raw),
+        await request.body(),
+    )
+
+
+def response_of(answer: HttpAnswer) -> Response:
+    """The answer as the response Ray's ingress sends (its length set anew)."""
+    headers = {k.decode(): v.decode() for k, v in answer.headers if k != b"content-length"}
+    return Response(answer.body, status_code=answer.status, headers=headers)
 
 
 async def call_asgi(app: ASGIApp, call: HttpCall, client: tuple[str, int]) -> HttpAnswer:

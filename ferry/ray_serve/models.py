@@ -67,7 +67,10 @@ class RayModels:
             plans, keys = [], [key]
         else:
             plans, keys = [self._plan(name, version)], []
-        statuses = [_status(plan, self._deployer.replicas(plan)) for plan in plans]
+        statuses = [
+            _status(plan, self._deployer.replicas(plan), self._deployer.route_of(plan))
+            for plan in plans
+        ]
         if keys and pool is not None:
             replicas = self._deployer.replicas(pool)
             statuses += [_pooled_status(pool, pool.member(key), replicas) for key in keys]
@@ -132,9 +135,11 @@ def _pooled_status(pool: PoolPlan, plan: DeploymentPlan, replicas: dict[str, int
     )
 
 
-def _status(plan: DeploymentPlan, replicas: dict[str, int]) -> ModelStatus:
+def _status(plan: DeploymentPlan, replicas: dict[str, int], route: str | None) -> ModelStatus:
     """A deployment as a describe entry: its replicas for workers, and Ray's own view
-    under ``ray``. Each replica queues its own requests, out of the driver's sight."""
+    under ``ray`` (``route``: the path prefix Ray's ingress sends straight to it, null when
+    only the router reaches it). Each replica queues its own requests, out of the
+    driver's sight."""
     auto = plan.autoscaling or {}
     low = plan.num_replicas if plan.num_replicas is not None else int(auto.get("min_replicas", 0))
     high = (
@@ -164,6 +169,8 @@ def _status(plan: DeploymentPlan, replicas: dict[str, int]) -> ModelStatus:
             **({"deviceType": "gpu"} if plan.actor_options.get("num_gpus") else {}),
             "ray": {
                 "deployment": plan.deployment,
+                "application": plan.application,
+                "route": route,
                 "replicas": replicas,
                 "autoscalingConfig": plan.autoscaling,
                 "rayActorOptions": plan.actor_options,

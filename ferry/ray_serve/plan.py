@@ -7,6 +7,9 @@ model-config.yaml, no Ray import.
 - A replica asks Ray for one CPU, and one GPU when ``deviceType`` is ``gpu``.
 - A ``ray:`` section in model-config.yaml overrides any of it with Ray Serve's own keys:
   ``num_replicas``, ``autoscaling_config``, ``ray_actor_options``, ``max_ongoing_requests``.
+- Each deployment is the ingress of a Ray Serve application of its own, whose route prefix
+  is TorchServe's prediction path of the model version (``direct_route``): Ray's ingress
+  sends those requests straight to the model's replicas, with no router between.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ferry.config.model_config import ModelConfig
 from ferry.errors import ModelConfigError
 from ferry.scheduling.sizing import startup_timeout
 
+_PLAIN = re.compile(r"^[A-Za-z0-9._~-]+$")
 RAY_KEYS = ("num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests")
 
 
@@ -47,6 +51,22 @@ class DeploymentPlan:
     def deployment(self) -> str:
         """The Ray deployment name: the model and version, in Ray's allowed characters."""
         return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.name}_v{self.version}")
+
+    @property
+    def application(self) -> str:
+        """The Ray Serve application whose ingress the deployment is."""
+        return f"ferry_{self.deployment}"
+
+    def direct_route(self, default_version: str | None) -> str | None:
+        """The route prefix on Ray's ingress that reaches this deployment with no router:
+        ``/predictions/NAME`` for the model's default version (its other versions' paths
+        under it too, unless one has a route of its own: the longest prefix wins), else
+        ``/predictions/NAME/VERSION``. None when a name or version is not plain path text
+        (it would reach the replicas percent-encoded): then only the router reaches it."""
+        if not all(_PLAIN.match(part) and part.strip(".") for part in (self.name, self.version)):
+            return None
+        base = f"/predictions/{self.name}"
+        return base if self.version == default_version else f"{base}/{self.version}"
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments of Ray Serve's ``Deployment.options``."""

@@ -1,19 +1,25 @@
 """One replica of one model version on Ray: a Ferry service holding that model with one
 worker (Ray's replicas stand for Ferry's workers), answering Ferry's inference API in
-process. Its queue, batch policy, worker pipeline and handler are single-machine Ferry's."""
+process. Its queue, batch policy, worker pipeline and handler are single-machine Ferry's.
+
+It is the ingress of its model version's application, so it answers two callers: Ray's
+ingress, with the HTTP request itself (TorchServe's prediction path, no router between),
+and the router, with an ``HttpCall`` (every other path)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from ferry.apis import Apis
 from ferry.config.settings import ServerSettings
 from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
-from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi, call_of, response_of
 
 log = logging.getLogger("ferry")
 NODE_HEADER = b"x-ferry-ray-node"
@@ -60,9 +66,15 @@ class ModelReplica:
         self._app = app if inference_key is None else TokenAuth(app, inference_key)
         log.info("replica of %s ready", entry)
 
-    async def __call__(self, call: HttpCall) -> HttpAnswer:
-        """The answer, with the Ray node that computed it (``x-ferry-ray-node``)."""
-        answer = await call_asgi(self._app, call, ("ray-router", 0))
+    async def __call__(self, call: HttpCall | Request) -> HttpAnswer | Response:
+        """The answer, with the Ray node that computed it (``x-ferry-ray-node``): as an
+        ``HttpAnswer`` to the router, as the HTTP response to Ray's ingress."""
+        if isinstance(call, Request):
+            return response_of(await self._answer(await call_of(call), "ray-ingress"))
+        return await self._answer(call, "ray-router")
+
+    async def _answer(self, call: HttpCall, client: str) -> HttpAnswer:
+        answer = await call_asgi(self._app, call, (client, 0))
         return dataclasses.replace(answer, headers=(*answer.headers, (NODE_HEADER, self._node)))
 
     async def check_health(self) -> None:

@@ -1,6 +1,8 @@
-"""The ingress deployment: every request on Ray Serve's HTTP proxy goes to the replicas of
-the model version its path names (``routes.model_of``), through Ray's handles, which
-balance over replicas on any node. Server-wide paths are answered here.
+"""The ingress of the application ``ferry`` on ``/``: every request on Ray Serve's ingress
+that no model's own route takes (``DeploymentPlan.direct_route``: TorchServe's prediction
+paths go straight to the model's replicas) goes from here to the replicas of the model
+version its path names (``routes.model_of``), through Ray's handles, which balance over
+replicas on any node. Server-wide paths are answered here.
 
 A replica lost while it held a request (its node died, it was killed) costs that request
 one retry on another replica; a second loss answers 503 with the reason. Requests for a
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ferry import __version__
-from ferry.ray_serve.http_call import HttpAnswer, HttpCall
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_of, response_of
 from ferry.ray_serve.routes import model_of
 
 log = logging.getLogger("ferry")
@@ -26,21 +29,28 @@ RETRIES = 1
 """Times a request is sent again after the replica holding it was lost."""
 
 
+def deployment_handle(deployment: str, application: str) -> Any:
+    """Ray Serve's handle on a deployment of another application."""
+    from ray import serve
+
+    return serve.get_deployment_handle(deployment, application, _check_exists=False)
+
+
 class Router:
-    """Built with one Ray deployment handle per ``(model, version)`` and each model's
+    """Built with each ``model/version``'s deployment and application, and each model's
     default version."""
 
     def __init__(
         self,
-        handles: dict[str, Any],
+        targets: dict[str, tuple[str, str]],
         defaults: dict[str, str],
         pool: Any = None,
         pooled: tuple[str, ...] = (),
+        handle_of: Callable[[str, str], Any] = deployment_handle,
     ) -> None:
         """``pool``: the handle of the pool that multiplexes ``pooled`` (``model/version``
         keys), the models loaded on demand."""
-        # Keys are "model/version": Ray passes handles inside plain containers only.
-        self._handles = handles
+        self._handles = {key: handle_of(*target) for key, target in targets.items()}
         self._defaults = defaults
         self._pool = pool
         self._pooled = set(pooled)
@@ -50,17 +60,7 @@ class Router:
         own = self._server_wide(path)
         if own is not None:
             return own
-        call = HttpCall(
-            request.method,
-            path,
-            request.url.query.encode(),
-            tuple((key.lower(), value) for key, value in request.headers.raw),
-            await request.body(),
-        )
-        key = self._key(path)
-        answer = await self._forward(key, call)
-        headers = {k.decode(): v.decode() for k, v in answer.headers if k != b"content-length"}
-        return Response(answer.body, status_code=answer.status, headers=headers)
+        return response_of(await self._forward(self._key(path), await call_of(request)))
 
     def _key(self, path: str) -> str:
         named = model_of(path)

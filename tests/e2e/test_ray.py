@@ -2,9 +2,10 @@
 a head and two more nodes, each its own raylet with one logical CPU, on this machine).
 
 A model of two replicas (one CPU each) is spread over two nodes and answers right under
-concurrent load; the management API's scale call changes the replica count; a node
-holding a replica is removed under load, every request is answered, and the replica comes
-back on the node left free.
+concurrent load, on TorchServe's prediction path straight from Ray's proxy and on its
+explanations path through Ferry's router; the management API's scale call changes the
+replica count; a node holding a replica is removed under load on both paths, every
+request is answered, and the replica comes back on the node left free.
 """
 
 from __future__ import annotations
@@ -91,12 +92,16 @@ def _replicas(server: RunningServer) -> dict[str, int]:
 
 class Load(BackgroundLoad):
     """Clients POSTing through Ray's proxy: every digest checked (a wrong one is the
-    outcome ``wrong-digest``), the nodes that answered counted, failures' bodies kept."""
+    outcome ``wrong-digest``), the nodes that answered counted, failures' bodies kept. On
+    TorchServe's prediction path (straight to the model's replicas), or with ``routed``
+    on its explanations path (through Ferry's router; the digest handler explains with
+    the same digest)."""
 
-    def __init__(self, url: str, clients: int = 4) -> None:
+    def __init__(self, url: str, clients: int = 4, routed: bool = False) -> None:
         self.nodes = Counter[str]()
         self.messages: list[str] = []
-        super().__init__(f"{url}/predictions/digest", clients, self._note)
+        path = "/explanations/digest" if routed else "/predictions/digest"
+        super().__init__(f"{url}{path}", clients, self._note)
 
     def _note(self, body: bytes, response: httpx.Response) -> str | None:
         node = response.headers.get(NODE_HEADER)
@@ -104,18 +109,24 @@ class Load(BackgroundLoad):
             self.nodes[node] += 1
         if response.status_code != 200:
             self.messages.append(response.text)
-        elif response.json()["digest"] != hashlib.sha256(body).hexdigest():
+            return None
+        if response.json()["digest"] != hashlib.sha256(body).hexdigest():
             return "wrong-digest"
         return None
 
 
 def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningServer) -> None:
     assert _replicas(server) == {"RUNNING": 2}
-    with Load(server.url, clients=8) as load:
-        wait_until("200 answers", lambda: load.answered() >= 200)
-    assert set(load.outcomes) == {"200"}, (load.outcomes, load.messages[:3])
-    assert len(load.nodes) == 2  # one replica per node (each needs the node's one CPU)
+    with Load(server.url, clients=6) as direct, Load(server.url, clients=2, routed=True) as routed:
+        wait_until("200 answers", lambda: direct.answered() >= 200 and routed.answered() >= 50)
+    for load in (direct, routed):
+        assert set(load.outcomes) == {"200"}, (load.outcomes, load.messages[:3])
+        assert len(load.nodes) == 2  # one replica per node (each needs the node's one CPU)
     with httpx.Client() as client:
+        # Ray's proxy sends TorchServe's path to the model's own application, the rest
+        # to Ferry's router.
+        routes = client.get(f"{server.url}/-/routes").json()
+        assert routes == {"/predictions/digest": "ferry_digest_v1_0", "/": "ferry"}
         ping = client.get(f"{server.url}/ping")
         assert ping.json() == {"status": "Healthy"}
         missing = client.post(f"{server.url}/predictions/nope", content=b"x")
@@ -144,9 +155,11 @@ def test_the_management_api_scales_replicas(server: RunningServer) -> None:
 def test_a_node_removed_under_load_loses_no_request_silently(
     server: RunningServer, cluster: Any
 ) -> None:
-    """Requests the lost replica held are retried once on the other replica (or answered
-    503 naming the loss); the replica comes back on the node left free."""
-    with Load(server.url) as load:
+    """Requests the lost replica held are answered: through Ferry's router, retried once on
+    the other replica (or answered 503 naming the loss); straight from Ray's proxy (no
+    router to retry them), with Ray's own 500. The replica comes back on the node left
+    free."""
+    with Load(server.url, clients=3) as load, Load(server.url, clients=2, routed=True) as routed:
         wait_until("answers from both replicas", lambda: len(load.nodes) == 2)
         serving = set(load.nodes)
         head = cluster.head_node.node_id
@@ -167,16 +180,18 @@ def test_a_node_removed_under_load_loses_no_request_silently(
     assert len(answered_by) == 2  # throughput recovered on two replicas
     assert victim.node_id not in answered_by
     assert _replicas(server) == {"RUNNING": 2}
-    assert load.answered() > removed_at
-    unexpected = set(load.outcomes) - {"200", "503"}
-    assert not unexpected, load.outcomes
-    for message in load.messages:
+    assert load.answered() > removed_at and routed.answered() > 0
+    unexpected = set(routed.outcomes) - {"200", "503"}
+    assert not unexpected, routed.outcomes
+    for message in routed.messages:
         assert json.loads(message)["type"] == "ServiceUnavailableException", message
         assert "lost" in json.loads(message)["message"]
+    assert not set(load.outcomes) - {"200", "500"}, load.outcomes
+    assert all(message == "Internal Server Error" for message in load.messages), load.messages
 
 
 def test_sigterm_removes_the_application_and_exits_0(server: RunningServer) -> None:
     """Last in this module: the cluster stays; only Ferry's application goes."""
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=HANG_GUARD) == 0
-    assert "deleting the Ray Serve application 'ferry'" in server.log()
+    assert "deleting the Ray Serve applications ['ferry_digest_v1_0', 'ferry']" in server.log()

@@ -70,6 +70,8 @@ def test_list_and_describe_answer_ferrys_documents_with_rays_view() -> None:
         4,
     )
     assert described["ray"]["replicas"] == {"RUNNING": 2}
+    assert described["ray"]["application"] == "ferry_digest_v1_0"
+    assert described["ray"]["route"] == "/predictions/digest"  # Ray's proxy, no router
     assert described["ready"] is True and "jobQueueStatus" not in described  # not in sight
     missing = _call(deployer, "GET", "/models/nope")
     assert missing.status_code == 404

@@ -1,6 +1,7 @@
 """``ferry serve --ray``'s pure parts: each model version's deployment from its
-model-config.yaml, the scale call as replicas, which model a path names, and a request
-run through an ASGI app in process. No Ray needed."""
+model-config.yaml, the scale call as replicas, the route that reaches a model with no
+router, which model a path names, and a request run through an ASGI app in process (and
+converted from and to what Ray's ingress hands a deployment). No Ray needed."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry.config.model_config import parse_model_config
+from ferry.config.settings import ServerSettings
 from ferry.errors import ModelConfigError
-from ferry.ray_serve.http_call import HttpCall, call_asgi
+from ferry.ray_serve.deployer import Deployer
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi, call_of, response_of
 from ferry.ray_serve.plan import DeploymentPlan, plan_for
 from ferry.ray_serve.routes import model_of
 
@@ -105,6 +108,61 @@ def test_scaling_sets_replicas_or_autoscaling_bounds() -> None:
         "target_ongoing_requests": 4,
     }
     assert plan.scaled(2, 5).scaled(1).options()["num_replicas"] == 1
+
+
+def _versioned(name: str, version: str) -> DeploymentPlan:
+    config = parse_model_config({}, source="test")
+    return plan_for(
+        f"{name}={name}.mar",
+        name,
+        version,
+        config,
+        queue_size=100,
+        default_batch_size=1,
+        default_max_batch_delay_ms=100.0,
+    )
+
+
+def test_torchserves_prediction_path_is_a_models_route_of_its_own() -> None:
+    """The default version takes ``/predictions/NAME`` (its other versions' paths fall
+    under it unless they have a route: Ray's longest prefix wins), another version
+    ``/predictions/NAME/VERSION``; a name that is not plain path text has no route."""
+    default, other = _versioned("resnet-18", "1.0"), _versioned("resnet-18", "2.0")
+    assert default.direct_route("1.0") == "/predictions/resnet-18"
+    assert other.direct_route("1.0") == "/predictions/resnet-18/2.0"
+    assert default.application == "ferry_resnet-18_v1_0"
+    assert _versioned("a b", "1.0").direct_route("1.0") is None
+    assert _versioned("..", "1.0").direct_route("1.0") is None
+    assert _versioned("m", "1/0").direct_route("1.0") is None
+
+
+def test_without_direct_routes_only_the_router_reaches_a_model() -> None:
+    plans = {"m/1.0": _versioned("m", "1.0"), "m/2.0": _versioned("m", "2.0")}
+    direct = Deployer(ServerSettings(), None, plans, {"m": "2.0"})
+    assert [direct.route_of(p) for p in plans.values()] == ["/predictions/m/1.0", "/predictions/m"]
+    routed = Deployer(ServerSettings(), None, plans, {"m": "2.0"}, direct_routes=False)
+    assert [routed.route_of(p) for p in plans.values()] == [None, None]
+    assert routed.applications() == ["ferry_m_v1_0", "ferry_m_v2_0", "ferry"]
+
+
+def test_what_rays_ingress_hands_over_becomes_a_call_and_the_answer_a_response() -> None:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/predictions/m",
+        "query_string": b"a=1",
+        "headers": [(b"X-Mine", b"yes")],
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"payload", "more_body": False}
+
+    call = asyncio.run(call_of(Request(scope, receive)))
+    assert call == HttpCall("POST", "/predictions/m", b"a=1", ((b"x-mine", b"yes"),), b"payload")
+    answer = HttpAnswer(201, ((b"content-length", b"99"), (b"x-seen", b"yes")), b"done")
+    response = response_of(answer)
+    assert response.status_code == 201 and response.body == b"done"
+    assert response.headers["x-seen"] == "yes" and response.headers["content-length"] == "4"
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,13 @@ class FakeHandle:
 
 def test_the_router_sends_a_pooled_model_to_the_pool_by_its_multiplexed_id() -> None:
     own, pool = FakeHandle("own"), FakeHandle("pool")
-    router = Router({"own/1.0": own}, {"own": "1.0", "a": "1.0"}, pool, ("a/1.0",))
+    router = Router(
+        {"own/1.0": ("own_v1_0", "ferry_own_v1_0")},
+        {"own": "1.0", "a": "1.0"},
+        pool,
+        ("a/1.0",),
+        handle_of=lambda deployment, application: own,
+    )
     chosen = router._handle(router._key("/predictions/a"))
     assert (chosen.name, chosen.model_id) == ("pool", "a/1.0")
     assert router._handle(router._key("/predictions/own")) is own
