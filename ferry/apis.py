@@ -32,13 +32,17 @@ class Apis:
         return cls(service, WorkflowManager(service))
 
     @classmethod
-    def local(cls, settings: ServerSettings, cores: int | None = None) -> Apis:
+    def local(
+        cls, settings: ServerSettings, cores: int | None = None, in_process: bool = False
+    ) -> Apis:
         """The service with its workers as processes on this machine. ``cores``: those its
         workers share (default: every one this process may use; a Ray replica passes the
-        CPUs Ray gave it)."""
+        CPUs Ray gave it); ``in_process``: workers on threads of this process instead
+        (``ferry.worker_handles.in_process``: a Ray replica's, on request)."""
         pinned = pinned_cores(settings.cpu_pinning, cores)
         machine = Machine(cores, usable_gpus(settings.number_of_gpu), pinned)
-        return cls.over(FerryService(settings, local_workers(pinned), machine))
+        workers = in_process_workers() if in_process else local_workers(pinned)
+        return cls.over(FerryService(settings, workers, machine))
 
     async def close(self) -> None:
         """Workflows first (they free their files), then the service stops every worker."""
@@ -82,3 +86,12 @@ def local_workers(pinned: CoreAllocator | None) -> WorkerFactory:
         else functools.partial(WorkerProcess.start, cores=pinned)
     )
     return sharing_processes(own, ProcessHosts())
+
+
+def in_process_workers() -> WorkerFactory:
+    """Workers on threads of this process, each speaking the worker protocol over a
+    socket pair (``ferry.worker_handles.in_process``, ``ferry.worker.in_thread``)."""
+    from ferry.worker.in_thread import run_worker
+    from ferry.worker_handles.in_process import InProcessWorker
+
+    return functools.partial(InProcessWorker.start, run=run_worker)

@@ -201,6 +201,10 @@ class ServerSettings:
     ray_models_per_replica: int = 8
     """``--ray``: models one pool replica holds at most (Ray's
     ``max_num_models_per_replica``); past it, its least recently used one is evicted."""
+    ray_handler_in_replica: bool = False
+    """``--ray``: each replica runs its model's handler on a thread of its own process
+    instead of in a worker process of its own (one process hop less; a crash or a hung
+    handler takes the replica down, and Ray starts another)."""
     ray_direct_routes: bool = True
     """``--ray``: TorchServe's prediction paths go from Ray's ingress straight to the
     model's replicas (one hop less; a request a lost replica held is answered 500 by Ray

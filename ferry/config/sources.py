@@ -318,6 +318,7 @@ OPTIONS = (
     Option("ray_pool_replicas", "ray_pool_replicas", _integer(1)),
     Option("ray_models_per_replica", "ray_models_per_replica", _integer(1)),
     Option("ray_direct_routes", "ray_direct_routes", _boolean),
+    Option("ray_handler_in_replica", "ray_handler_in_replica", _boolean),
     Option(
         "share_worker_processes",
         "share_worker_processes",

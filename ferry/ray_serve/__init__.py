@@ -2,10 +2,11 @@
 configuration as a Ray Serve application (``ferry.ray_serve.app``).
 
 One deployment per model version, whose replicas each run Ferry's own queue, batch policy,
-worker pipeline and handler (``replica``); an ingress deployment (``router``) sends each
-request on Ray Serve's HTTP proxy to the replicas of the model it names; the ``ferry``
-process itself serves the management API (list, describe, scale). Needs the ``ray`` extra:
-nothing here imports Ray until ``--ray`` is given.
+worker pipeline and handler (``replica``), the ingress of an application of its own that
+Ray Serve's proxy sends TorchServe's prediction path of the model to; an ingress
+deployment (``router``) sends every other request to the replicas of the model it names;
+the ``ferry`` process itself serves the management API (list, describe, scale). Needs
+the ``ray`` extra: nothing here imports Ray until ``--ray`` is given.
 """
 
 from __future__ import annotations

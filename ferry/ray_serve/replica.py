@@ -59,7 +59,9 @@ class ModelReplica:
         # The worker's torch threads: the CPUs Ray gave this replica, not the machine's.
         cpus = context.get_assigned_resources().get("CPU", 0)
         self._apis = Apis.local(
-            replica_settings(settings, entry, name), cores=max(1, round(cpus)) if cpus else None
+            replica_settings(settings, entry, name),
+            cores=max(1, round(cpus)) if cpus else None,
+            in_process=settings.ray_handler_in_replica,
         )
         await self._apis.service.load_startup_models()
         app: ASGIApp = inference_app(self._apis.service, self._apis.workflows)

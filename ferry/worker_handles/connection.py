@@ -4,6 +4,7 @@ whether the worker has a process of its own (``process``) or shares one (``hosts
 from __future__ import annotations
 
 import asyncio
+from typing import NoReturn
 
 from ferry.wire import codec
 from ferry.wire.messages import (
@@ -76,6 +77,14 @@ class WorkerConnection:
     def cancel(self, batch_id: int, request_ids: list[str]) -> None:
         if not self._writer.is_closing():  # a few bytes: written without waiting
             self._writer.write(codec.encode(CancelRequests(batch_id, request_ids)))
+
+
+def raise_start_failure(exc: BaseException) -> NoReturn:
+    """Raise the ``WorkerStartFailed`` that explains ``exc`` (cancellation as it is)."""
+    failure = start_failure(exc)
+    if failure is exc:
+        raise exc
+    raise failure from exc
 
 
 def start_failure(exc: BaseException) -> BaseException:

@@ -26,7 +26,11 @@ from typing import Any
 
 from ferry.wire.messages import HOST_READY, MODEL_SOCKET
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.connection import WorkerConnection, start_failure
+from ferry.worker_handles.connection import (
+    WorkerConnection,
+    raise_start_failure,
+    start_failure,
+)
 from ferry.worker_handles.handle import (
     StartFailure,
     WorkerFactory,
@@ -170,9 +174,7 @@ class HostProcess:
                 # load, finds the socket closed and ends; the neighbours serve on.
                 worker.loaded = True
             worker.kill()
-            if failure is exc:
-                raise
-            raise failure from exc
+            raise_start_failure(exc)
         worker.loaded = True
         return worker
 

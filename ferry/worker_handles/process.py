@@ -18,7 +18,10 @@ from ferry.wire.environment import (
     worker_environment,
 )
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.connection import WorkerConnection, start_failure
+from ferry.worker_handles.connection import (
+    WorkerConnection,
+    raise_start_failure,
+)
 from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
 from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
@@ -106,10 +109,7 @@ class WorkerProcess(WorkerConnection):
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 parent_sock.close()
-            failure = start_failure(exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            raise_start_failure(exc)
         return worker
 
     def kill(self) -> None:

@@ -2,7 +2,11 @@
 (Ray Serve's model multiplexing) over its replicas. A replica holding at most two models
 answers three in turn; Ray unloads the least recently used one and the replica evicts it
 from its Ferry service (asked again, it comes back as a fresh load); describe says where a
-model lives; scaling one pooled model is refused with the way to scale the pool."""
+model lives; scaling one pooled model is refused with the way to scale the pool.
+
+Beside them, a model of its own deployment whose replica runs the handler in its own
+process (``ray_handler_in_replica``): it answers from the replica's process, and a crash
+in its handler takes the replica down, Ray answering 500, until Ray has started another."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +24,7 @@ import pytest
 
 from tests.fixtures.haproxy import free_port
 from tests.fixtures.models import digest_archive
-from tests.fixtures.polling import HANG_GUARD
+from tests.fixtures.polling import HANG_GUARD, wait_until
 from tests.fixtures.server import RunningServer, ferry_server
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         store = tmp / "store"
         store.mkdir()
         models = [digest_archive(store, name, loadOnDemand=True) for name in ("a", "b", "c")]
+        models.append(digest_archive(store, "own"))
         with ferry_server(
             store,
             models,
@@ -48,6 +54,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
             f"http://127.0.0.1:{free_port('127.0.0.1')}",
             "--ray-models-per-replica",
             "2",
+            "--ray-handler-in-replica",
+            "true",
             "--ray",
             cluster.address,
             command=[sys.executable, "-m", "ferry"],
@@ -85,7 +93,24 @@ def test_describe_names_the_pool_and_scaling_a_pooled_model_is_refused(
         assert described["ray"]["deployment"] == "ferry_model_pool"
         assert described["ray"]["multiplexed"] is True
         assert described["ray"]["modelsPerReplica"] == 2
-        assert {m["modelName"] for m in api.get("/models").json()["models"]} == {"a", "b", "c"}
+        listed = {m["modelName"] for m in api.get("/models").json()["models"]}
+        assert listed == {"a", "b", "c", "own"}
         refused = api.put("/models/b", params={"min_worker": 2})
         assert refused.status_code == 400
         assert "ray_pool_replicas" in refused.json()["message"]
+
+
+def test_a_handler_in_its_replica_answers_from_the_replicas_process(
+    server: RunningServer,
+) -> None:
+    pid = predict(server, "own")["pid"]
+    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"ServeReplica:ferry_own_v1_0" in command, command  # Ray's replica, no worker
+    crashed = httpx.post(f"{server.url}/predictions/own", content=b"crash", timeout=HANG_GUARD)
+    assert crashed.status_code == 500  # Ray's proxy: the replica's process ended
+
+    def answered_again() -> bool:
+        response = httpx.post(f"{server.url}/predictions/own", content=b"x", timeout=HANG_GUARD)
+        return response.status_code == 200 and response.json()["pid"] != pid
+
+    wait_until("a fresh replica to answer", answered_again)
