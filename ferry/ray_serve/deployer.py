@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.config.settings import ServerSettings
-from ferry.ray_serve.plan import DeploymentPlan, PoolPlan
+from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, with_replica_environment
 from ferry.ray_serve.pool import pool_replica
 from ferry.ray_serve.replica import ModelReplica
 from ferry.ray_serve.router import Router
@@ -78,7 +78,9 @@ class Deployer:
             max_ongoing_requests=ROUTER_ONGOING,
             # On the head, beside Ray Serve's proxy: the router holds every request in
             # flight, so it must not live on a node that may go away.
-            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
+            ray_actor_options=with_replica_environment(
+                {"num_cpus": 0, "resources": {HEAD_NODE: 0.001}}
+            ),
             logging_config=QUIET,
         )
         pool = None
@@ -90,7 +92,9 @@ class Deployer:
             )
         targets = {key: (plan.deployment, plan.application) for key, plan in self.plans.items()}
         pooled = self.pool.keys if self.pool else ()
-        application = router.bind(targets, self.defaults, pool, pooled)
+        application = router.bind(
+            targets, self.defaults, pool, pooled, max_request_size=self.settings.max_request_size
+        )
         return serve.RunTarget(application, name=APPLICATION, route_prefix="/")
 
     def deploy(self) -> None:

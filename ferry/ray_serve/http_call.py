@@ -6,12 +6,17 @@ ingress hands a deployment a Starlette request and takes a Starlette response ba
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message
+
+from ferry.errors import RequestTooLarge
+from ferry.http.errors import error_response
+from ferry.http.request_body import read_limited
 
 Headers = tuple[tuple[bytes, bytes], ...]
 
@@ -32,15 +37,28 @@ class HttpAnswer:
     body: bytes
 
 
-async def call_of(request: Request) -> HttpCall:
-    """The request Ray's ingress handed over, as plain data (its body read whole)."""
+async def call_of(request: Request, limit: int) -> HttpCall:
+    """The request Ray's ingress handed over, as plain data: its body read whole, unless
+    it passes ``limit`` bytes (``RequestTooLarge``, before the rest is read)."""
     return HttpCall(
         request.method,
         request.url.path,
         request.url.query.encode(),
         tuple((key.lower(), value) for key, value in request.headers.raw),
-        await request.body(),
+        await read_limited(request, limit),
     )
+
+
+async def answer_ingress(
+    request: Request, limit: int, answer: Callable[[HttpCall], Awaitable[HttpAnswer]]
+) -> Response:
+    """Ray's ingress request answered by ``answer`` as an ``HttpCall``; a body over
+    ``limit`` bytes (``max_request_size``) gets TorchServe's 413 without reaching it."""
+    try:
+        call = await call_of(request, limit)
+    except RequestTooLarge as error:
+        return error_response(error)
+    return response_of(await answer(call))
 
 
 def response_of(answer: HttpAnswer) -> Response:

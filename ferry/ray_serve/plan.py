@@ -24,6 +24,27 @@ from ferry.scheduling.sizing import startup_timeout
 
 _PLAIN = re.compile(r"^[A-Za-z0-9._~-]+$")
 RAY_KEYS = ("num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests")
+THROUGHPUT_ENVIRONMENT = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+}
+"""The part of Ray Serve's throughput-optimised mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED``)
+that Ferry turns on in the processes it deploys (replicas, the router, and the proxy when
+it starts Serve): a deployment's code and its handles' routing run on the process's own
+event loop rather than on loops in threads of their own, which cost every request
+hand-overs between threads and the GIL between loops (Ferry's service never blocks its
+loop: handlers run in worker processes or on a thread of their own); and requests travel
+from the proxy and the router to replicas over gRPC rather than as Ray actor calls.
+A model's ``ray_actor_options.runtime_env.env_vars`` override them for its replicas.
+Left off: direct ingress (each replica an HTTP server on ports of its own, for HAProxy)."""
+
+
+def with_replica_environment(actor_options: dict[str, Any]) -> dict[str, Any]:
+    """``actor_options`` with ``THROUGHPUT_ENVIRONMENT`` under the model's own variables."""
+    runtime_env = dict(actor_options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**THROUGHPUT_ENVIRONMENT, **(runtime_env.get("env_vars") or {})}
+    return {**actor_options, "runtime_env": runtime_env}
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,7 @@ class DeploymentPlan:
         """Keyword arguments of Ray Serve's ``Deployment.options``."""
         options: dict[str, Any] = {
             "name": self.deployment,
-            "ray_actor_options": dict(self.actor_options),
+            "ray_actor_options": with_replica_environment(self.actor_options),
             "max_ongoing_requests": self.max_ongoing_requests,
         }
         if self.autoscaling is not None:
@@ -128,7 +149,7 @@ class PoolPlan:
         return {
             "name": self.deployment,
             "num_replicas": self.num_replicas,
-            "ray_actor_options": dict(self.actor_options),
+            "ray_actor_options": with_replica_environment(self.actor_options),
             "max_ongoing_requests": self.max_ongoing_requests,
         }
 

@@ -19,7 +19,7 @@ from ferry.apis import Apis
 from ferry.config.settings import ServerSettings
 from ferry.http.auth import TokenAuth
 from ferry.http.inference import inference_app
-from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi, call_of, response_of
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, answer_ingress, call_asgi
 
 log = logging.getLogger("ferry")
 NODE_HEADER = b"x-ferry-ray-node"
@@ -66,14 +66,18 @@ class ModelReplica:
         await self._apis.service.load_startup_models()
         app: ASGIApp = inference_app(self._apis.service, self._apis.workflows)
         self._app = app if inference_key is None else TokenAuth(app, inference_key)
+        self._limit = settings.max_request_size
         log.info("replica of %s ready", entry)
 
     async def __call__(self, call: HttpCall | Request) -> HttpAnswer | Response:
         """The answer, with the Ray node that computed it (``x-ferry-ray-node``): as an
         ``HttpAnswer`` to the router, as the HTTP response to Ray's ingress."""
         if isinstance(call, Request):
-            return response_of(await self._answer(await call_of(call), "ray-ingress"))
+            return await answer_ingress(call, self._limit, self._from_ingress)
         return await self._answer(call, "ray-router")
+
+    async def _from_ingress(self, call: HttpCall) -> HttpAnswer:
+        return await self._answer(call, "ray-ingress")
 
     async def _answer(self, call: HttpCall, client: str) -> HttpAnswer:
         answer = await call_asgi(self._app, call, (client, 0))

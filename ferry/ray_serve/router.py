@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ferry import __version__
-from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_of, response_of
+from ferry.config.settings import ServerSettings
+from ferry.ray_serve.http_call import HttpAnswer, HttpCall, answer_ingress
 from ferry.ray_serve.routes import model_of
 
 log = logging.getLogger("ferry")
@@ -47,20 +48,24 @@ class Router:
         pool: Any = None,
         pooled: tuple[str, ...] = (),
         handle_of: Callable[[str, str], Any] = deployment_handle,
+        max_request_size: int = ServerSettings.max_request_size,
     ) -> None:
         """``pool``: the handle of the pool that multiplexes ``pooled`` (``model/version``
-        keys), the models loaded on demand."""
+        keys), the models loaded on demand. A body over ``max_request_size`` bytes is
+        refused here, before it is read whole or sent on."""
         self._handles = {key: handle_of(*target) for key, target in targets.items()}
         self._defaults = defaults
         self._pool = pool
         self._pooled = set(pooled)
+        self._limit = max_request_size
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         own = self._server_wide(path)
         if own is not None:
             return own
-        return response_of(await self._forward(self._key(path), await call_of(request)))
+        key = self._key(path)
+        return await answer_ingress(request, self._limit, lambda call: self._forward(key, call))
 
     def _key(self, path: str) -> str:
         named = model_of(path)

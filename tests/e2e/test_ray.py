@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ferry.config.settings import ServerSettings
 from tests.fixtures.background_load import BackgroundLoad
 from tests.fixtures.haproxy import free_port
 from tests.fixtures.models import digest_archive
@@ -132,6 +133,17 @@ def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningS
         missing = client.post(f"{server.url}/predictions/nope", content=b"x")
         assert missing.status_code == 404
         assert missing.json()["type"] == "ModelNotFoundException"
+
+
+def test_a_body_over_max_request_size_gets_413_on_both_paths(server: RunningServer) -> None:
+    """Refused by the replica (direct) or the router before it is read whole or sent on:
+    TorchServe's 413, never a worker's memory or Ray's object store."""
+    too_large = b"x" * (ServerSettings.max_request_size + 1)
+    with httpx.Client(timeout=HANG_GUARD) as client:
+        for path in ("/predictions/digest", "/explanations/digest"):
+            response = client.post(f"{server.url}{path}", content=too_large)
+            assert response.status_code == 413, (path, response.text)
+            assert response.json()["type"] == "RequestEntityTooLargeException"
 
 
 def test_the_management_api_scales_replicas(server: RunningServer) -> None:

@@ -6,6 +6,8 @@ converted from and to what Ray's ingress hands a deployment). No Ray needed."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Awaitable
 
 import pytest
 from starlette.applications import Starlette
@@ -17,9 +19,19 @@ from ferry.config.model_config import parse_model_config
 from ferry.config.settings import ServerSettings
 from ferry.errors import ModelConfigError
 from ferry.ray_serve.deployer import Deployer
-from ferry.ray_serve.http_call import HttpAnswer, HttpCall, call_asgi, call_of, response_of
-from ferry.ray_serve.plan import DeploymentPlan, plan_for
+from ferry.ray_serve.http_call import (
+    HttpAnswer,
+    HttpCall,
+    answer_ingress,
+    call_asgi,
+    call_of,
+    response_of,
+)
+from ferry.ray_serve.plan import THROUGHPUT_ENVIRONMENT, DeploymentPlan, plan_for
 from ferry.ray_serve.routes import model_of
+
+TUNED = {"runtime_env": {"env_vars": THROUGHPUT_ENVIRONMENT}}
+"""Every replica runs with Ferry's Ray settings."""
 
 
 def _plan(document: dict[str, object]) -> DeploymentPlan:
@@ -39,7 +51,7 @@ def test_workers_become_replicas_of_one_cpu_each() -> None:
     plan = _plan({"minWorkers": 2, "batchSize": 8, "maxBatchDelay": 20})
     assert plan.options() == {
         "name": "resnet-18_v1_0",
-        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0},
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0, **TUNED},
         "max_ongoing_requests": 108,  # Ferry's queue, plus a batch
         "num_replicas": 2,
     }
@@ -48,8 +60,19 @@ def test_workers_become_replicas_of_one_cpu_each() -> None:
 
 def test_a_gpu_model_asks_ray_for_a_gpu_per_replica() -> None:
     plan = _plan({"deviceType": "gpu"})
-    assert plan.options()["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+    assert plan.options()["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1, **TUNED}
     assert plan.options()["num_replicas"] == 1
+
+
+def test_a_models_own_runtime_env_keeps_its_variables_over_ferrys_ray_settings() -> None:
+    own = {"runtime_env": {"pip": ["x"], "env_vars": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"}}}
+    plan = _plan({"ray": {"ray_actor_options": own}})
+    runtime_env = plan.options()["ray_actor_options"]["runtime_env"]
+    assert runtime_env["pip"] == ["x"]
+    assert runtime_env["env_vars"] == {
+        **THROUGHPUT_ENVIRONMENT,
+        "RAY_SERVE_USE_GRPC_BY_DEFAULT": "0",
+    }
 
 
 def test_max_workers_above_min_workers_autoscales_on_ongoing_requests() -> None:
@@ -75,7 +98,12 @@ def test_a_ray_section_overrides_with_ray_serves_own_keys() -> None:
     )
     assert plan.options() == {
         "name": "resnet-18_v1_0",
-        "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0, "resources": {"node2": 0.1}},
+        "ray_actor_options": {
+            "num_cpus": 0.5,
+            "num_gpus": 0,
+            "resources": {"node2": 0.1},
+            **TUNED,
+        },
         "max_ongoing_requests": 12,
         "autoscaling_config": {"min_replicas": 0, "max_replicas": 9},
     }
@@ -157,12 +185,54 @@ def test_what_rays_ingress_hands_over_becomes_a_call_and_the_answer_a_response()
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": b"payload", "more_body": False}
 
-    call = asyncio.run(call_of(Request(scope, receive)))
+    call = asyncio.run(call_of(Request(scope, receive), limit=7))
     assert call == HttpCall("POST", "/predictions/m", b"a=1", ((b"x-mine", b"yes"),), b"payload")
     answer = HttpAnswer(201, ((b"content-length", b"99"), (b"x-seen", b"yes")), b"done")
     response = response_of(answer)
     assert response.status_code == 201 and response.body == b"done"
     assert response.headers["x-seen"] == "yes" and response.headers["content-length"] == "4"
+
+
+def _chunked_request(
+    chunks: list[bytes], headers: list[tuple[bytes, bytes]]
+) -> tuple[Request, list[bytes]]:
+    """A request whose body arrives in ``chunks``; the list records those read."""
+    scope = {"type": "http", "method": "POST", "path": "/predictions/m", "headers": headers}
+    read: list[bytes] = []
+
+    async def receive() -> dict[str, object]:
+        chunk = chunks[len(read)]
+        read.append(chunk)
+        return {"type": "http.request", "body": chunk, "more_body": len(read) < len(chunks)}
+
+    return Request(scope, receive), read
+
+
+def _never_answers(call: HttpCall) -> Awaitable[HttpAnswer]:
+    raise AssertionError(f"a body over the limit reached the replica: {len(call.body)} bytes")
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_over_max_request_size_gets_413_without_reaching_the_model(declared: bool) -> None:
+    chunks = [b"x" * 4, b"x" * 4, b"x" * 4, b"x" * 4]
+    headers = [(b"content-length", b"16")] if declared else []
+    request, read = _chunked_request(chunks, headers)
+    response = asyncio.run(answer_ingress(request, 6, _never_answers))
+    assert response.status_code == 413
+    body = json.loads(bytes(response.body))
+    assert body["type"] == "RequestEntityTooLargeException" and "6" in body["message"]
+    # Declared too long: nothing read; streamed: read only until it passed the limit.
+    assert len(read) == (0 if declared else 2)
+
+
+def test_a_body_within_max_request_size_is_answered_whole() -> None:
+    request, _ = _chunked_request([b"ab", b"cd"], [])
+
+    async def echo(call: HttpCall) -> HttpAnswer:
+        return HttpAnswer(200, (), call.body)
+
+    response = asyncio.run(answer_ingress(request, 4, echo))
+    assert response.status_code == 200 and response.body == b"abcd"
 
 
 @pytest.mark.parametrize(

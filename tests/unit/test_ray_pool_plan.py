@@ -14,7 +14,13 @@ from ferry.config.model_config import parse_model_config
 from ferry.config.settings import ServerSettings
 from ferry.ray_serve.app import management_app
 from ferry.ray_serve.deployer import Deployer
-from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, plan_for, pool_plan
+from ferry.ray_serve.plan import (
+    THROUGHPUT_ENVIRONMENT,
+    DeploymentPlan,
+    PoolPlan,
+    plan_for,
+    pool_plan,
+)
 from ferry.ray_serve.pool import pool_settings
 from ferry.ray_serve.router import Router
 
@@ -68,7 +74,11 @@ def test_the_pool_is_one_deployment_of_its_replicas() -> None:
     assert pool.options() == {
         "name": "ferry_model_pool",
         "num_replicas": 2,
-        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0},
+        "ray_actor_options": {
+            "num_cpus": 1,
+            "num_gpus": 0,
+            "runtime_env": {"env_vars": THROUGHPUT_ENVIRONMENT},
+        },
         "max_ongoing_requests": 50,
     }
 
