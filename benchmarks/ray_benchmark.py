@@ -182,6 +182,23 @@ def plain_ray_serve(weights: Path, replicas: int, tuned: bool = False) -> Iterat
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
+        _wait_serve_gone()
+
+
+def _wait_serve_gone(timeout_s: float = 120.0) -> None:
+    """Until Ray Serve's controller has ended: ``serve.shutdown`` gives up waiting after
+    30 s, and a ``serve.start`` meanwhile would join the controller being killed."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.5)  # polling for the controller's end
+    raise RuntimeError(f"Ray Serve's controller still runs {timeout_s:.0f} s after its shutdown")
 
 
 def scale(management: str, model: str, replicas: int) -> None:
@@ -362,14 +379,24 @@ def two_node_cluster(environment: dict[str, str]) -> Iterator[Any]:
                 os.environ[key] = value
 
 
+PARTS = ("ray proxy", "node fault", "haproxy")
+"""The benchmark's parts, in order; ``--results`` keeps each one's figures as it ends."""
+
+
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="a JSON file that keeps each part's figures as it ends; parts it already "
+        "holds are not run again (to finish a run that stopped part-way)",
+    )
+    args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from a benchmark
     sys.path.insert(0, str(HANDLERS))  # ray_plain, for this driver too
 
-    figures: Figures = {}
+    saved = Saved.load(args.results)
     images = jpeg_inputs(16, 224)
-    faults: dict[str, FaultFigures] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         store = work / "store"
@@ -379,28 +406,93 @@ def main() -> None:
         weights = work / "resnet18.pt"
         with zipfile.ZipFile(store / "resnet18.mar") as archive:
             weights.write_bytes(archive.read("resnet18.pt"))
-        with two_node_cluster({}) as cluster:
-            for index in range(ROUNDS):
-                ferry_alone(figures, index, store, images, work)
-                setups: tuple[str, ...] = ("plain", *SETUP_OPTIONS)
-                ray_round(figures, index, cluster, store, weights, images, work, setups)
-            for setup, options in (("direct", ()), ("router", SETUP_OPTIONS["router"])):
-                cluster.add_node(num_cpus=2)  # where the lost replica can go
-                cluster.wait_for_nodes()
-                folder = work / f"fault-{setup}"
-                folder.mkdir()
-                model = ["resnet18=resnet18.mar"]
-                with on_ray(store, model, cluster.address, folder, *options) as served:
-                    scale(served["management"], "resnet18", 2)
-                    faults[setup] = node_fault(cluster, served, images)
-                    print(f"node fault, {setup}: {faults[setup]}", flush=True)
-        if HAPROXY_ENVIRONMENT["RAY_SERVE_HAPROXY_BINARY_PATH"]:
+        if not saved.has("ray proxy", "node fault"):
+            with two_node_cluster({}) as cluster:
+                if not saved.has("ray proxy"):
+                    for index in range(ROUNDS):
+                        ferry_alone(saved.figures, index, store, images, work)
+                        setups: tuple[str, ...] = ("plain", *SETUP_OPTIONS)
+                        ray_round(
+                            saved.figures, index, cluster, store, weights, images, work, setups
+                        )
+                    saved.done("ray proxy")
+                if not saved.has("node fault"):
+                    node_faults(saved.faults, cluster, store, images, work)
+                    saved.done("node fault")
+        if HAPROXY_ENVIRONMENT["RAY_SERVE_HAPROXY_BINARY_PATH"] and not saved.has("haproxy"):
             with two_node_cluster(HAPROXY_ENVIRONMENT) as cluster:
                 for index in range(ROUNDS):
                     label = " (HAProxy)"
                     setups = ("plain", "direct", "handler in replica")
-                    ray_round(figures, index, cluster, store, weights, images, work, setups, label)
-    write(figures, faults)
+                    ray_round(
+                        saved.figures, index, cluster, store, weights, images, work, setups, label
+                    )
+            saved.done("haproxy")
+    write(saved.figures, saved.faults)
+
+
+def node_faults(
+    faults: dict[str, FaultFigures], cluster: Any, store: Path, images: list[bytes], work: Path
+) -> None:
+    for setup, options in (("direct", ()), ("router", SETUP_OPTIONS["router"])):
+        cluster.add_node(num_cpus=2)  # where the lost replica can go
+        cluster.wait_for_nodes()
+        folder = work / f"fault-{setup}"
+        folder.mkdir()
+        model = ["resnet18=resnet18.mar"]
+        with on_ray(store, model, cluster.address, folder, *options) as served:
+            scale(served["management"], "resnet18", 2)
+            faults[setup] = node_fault(cluster, served, images)
+            print(f"node fault, {setup}: {faults[setup]}", flush=True)
+
+
+@dataclass
+class Saved:
+    """The figures of the parts run so far, kept in ``path`` (if any) as each part ends."""
+
+    path: Path | None
+    figures: Figures
+    faults: dict[str, FaultFigures]
+    parts: list[str]
+
+    @classmethod
+    def load(cls, path: Path | None) -> Saved:
+        if path is None or not path.exists():
+            return cls(path, {}, {}, [])
+        document = json.loads(path.read_text())
+        figures = {
+            key: [Point(*point) for point in points] for key, points in document["figures"].items()
+        }
+        faults = {
+            setup: FaultFigures(f["before"], f["after"], Counter(f["answered"]), f["recovery_s"])
+            for setup, f in document["faults"].items()
+        }
+        return cls(path, figures, faults, list(document["parts"]))
+
+    def has(self, *parts: str) -> bool:
+        return all(part in self.parts for part in parts)
+
+    def done(self, part: str) -> None:
+        self.parts.append(part)
+        if self.path is None:
+            return
+        document = {
+            "parts": self.parts,
+            "figures": {
+                key: [[p.throughput, p.lone_p50_ms] for p in points]
+                for key, points in self.figures.items()
+            },
+            "faults": {
+                setup: {
+                    "before": f.before,
+                    "after": f.after,
+                    "answered": dict(f.answered),
+                    "recovery_s": f.recovery_s,
+                }
+                for setup, f in self.faults.items()
+            },
+        }
+        self.path.write_text(json.dumps(document, indent=1))
 
 
 def write(figures: Figures, faults: dict[str, FaultFigures]) -> None:

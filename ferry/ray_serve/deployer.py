@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.config.settings import ServerSettings
-from ferry.ray_serve.plan import DeploymentPlan, PoolPlan, with_replica_environment
+from ferry.ray_serve.plan import (
+    HANDLER_IN_REPLICA_ENVIRONMENT,
+    THROUGHPUT_ENVIRONMENT,
+    DeploymentPlan,
+    PoolPlan,
+    with_replica_environment,
+)
 from ferry.ray_serve.pool import pool_replica
 from ferry.ray_serve.replica import ModelReplica
 from ferry.ray_serve.router import Router
@@ -64,10 +70,16 @@ class Deployer:
 
         replicas = (
             _deployment(ModelReplica)
-            .options(**plan.options(), logging_config=QUIET)
+            .options(**plan.options(self._environment()), logging_config=QUIET)
             .bind(self.settings, plan.entry, plan.name, self.inference_key)
         )
         return serve.RunTarget(replicas, name=plan.application, route_prefix=self.route_of(plan))
+
+    def _environment(self) -> dict[str, str]:
+        """Ray's settings in the model replicas."""
+        if self.settings.ray_handler_in_replica:
+            return HANDLER_IN_REPLICA_ENVIRONMENT
+        return THROUGHPUT_ENVIRONMENT
 
     def router_application(self) -> Any:
         """Ray Serve's run target for ``ferry``: the router, and the pool if any."""

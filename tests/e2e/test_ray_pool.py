@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ferry.ray_serve.plan import THROUGHPUT_ENVIRONMENT
+from ferry.ray_serve.plan import HANDLER_IN_REPLICA_ENVIRONMENT
 from tests.fixtures.haproxy import free_port
 from tests.fixtures.models import digest_archive
 from tests.fixtures.polling import HANG_GUARD, wait_until
@@ -107,9 +107,9 @@ def test_a_handler_in_its_replica_answers_from_the_replicas_process(
     pid = predict(server, "own")["pid"]
     command = Path(f"/proc/{pid}/cmdline").read_bytes()
     assert b"ServeReplica:ferry_own_v1_0" in command, command  # Ray's replica, no worker
-    # It runs with Ferry's Ray settings (its code on the replica's own event loop).
+    # It runs with Ferry's Ray settings for a handler in the replica (its code on a loop thread).
     environment = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-    settings = {f"{key}={value}".encode() for key, value in THROUGHPUT_ENVIRONMENT.items()}
+    settings = {f"{key}={value}".encode() for key, value in HANDLER_IN_REPLICA_ENVIRONMENT.items()}
     assert settings <= environment, settings - environment
     crashed = httpx.post(f"{server.url}/predictions/own", content=b"crash", timeout=HANG_GUARD)
     assert crashed.status_code == 500  # Ray's proxy: the replica's process ended
