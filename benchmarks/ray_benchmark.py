@@ -584,7 +584,6 @@ def _hops(med: dict[str, Point]) -> list[str]:
 
     alone, plain = p50("Ferry alone"), p50(f"plain Ray Serve{TUNED}")
     direct, router = p50("Ferry on Ray, direct"), p50("Ferry on Ray, router")
-    in_replica = p50("Ferry on Ray, handler in replica")
     return [
         "## Where a request's time goes (no-op, one client, one replica)",
         "",
@@ -596,9 +595,8 @@ def _hops(med: dict[str, Point]) -> list[str]:
         f"| Ferry alone: HTTP, Ferry's service and batching, its worker process | {alone:.1f} |",
         "| plain Ray Serve with Ferry's Ray settings: Ray's proxy, the replica's own call "
         f"| {plain:.1f} |",
-        "| a Ferry replica with the handler in it, beyond a plain replica (Ferry's "
-        f"service and batching) | {in_replica - plain:+.1f} |",
-        f"| the worker process (its socket hop) | {direct - in_replica:+.1f} |",
+        "| a Ferry replica beyond a plain one (Ferry's service, batching and worker "
+        f"process) | {direct - plain:+.1f} |",
         f"| Ferry's router deployment (one more Ray call) | {router - direct:+.1f} |",
         "",
     ]
