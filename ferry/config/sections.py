@@ -375,3 +375,18 @@ def handler_section(document: Mapping[str, Any], name: str) -> ImageTransformCon
     if kind is None:
         return read_section(ImageTransformConfig, document.get(name), name, strict=False)
     return read_section(kind, document.get(name), name)
+
+
+def torchserve_compile_options(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``torch.compile``'s options from model-config.yaml's ``pt2`` as TorchServe reads it: a
+    backend name, ``{compile: {enable: true, backend: ..., mode: ...}}``, or (TorchServe's
+    older form) a mapping of the options themselves; None when it asks for no compiling."""
+    pt2 = config.get("pt2")
+    if isinstance(pt2, str):
+        return {"backend": pt2}
+    if not isinstance(pt2, dict) or "export" in pt2:
+        return None
+    section = pt2.get("compile", pt2)
+    if not isinstance(section, dict) or ("compile" in pt2 and not section.get("enable")):
+        return None
+    return {key: value for key, value in section.items() if key != "enable"}

@@ -48,6 +48,7 @@ class ModelVersion:
             envelope=server.service_envelope,
             model_metrics=server.model_metrics,
             process_group=settings.process_group,
+            compile_cache=str(archive.compile_cache) if archive.compile_cache else "",
         )
         runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
         return cls(archive, runner, at_startup)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ferry.config.model_config import ModelConfig, load_model_config
@@ -37,11 +38,14 @@ class ModelArchive:
     downloaded: Path | None = None
     """The store file fetched from a URL to register it: deleted when it is unregistered,
     as TorchServe does, so registering the URL again downloads it again."""
+    compile_cache: Path | None = None
+    """The folder its workers share for compiled graphs (``ferry.worker.compile_cache``),
+    in the server's work folder: removed with the model."""
 
     def free(self) -> None:
-        """Remove what Ferry unpacked and installed (once no worker uses it: stop the
-        workers first)."""
-        for folder in (self.unpacked, self.packages):
+        """Remove what Ferry unpacked, installed and compiled (once no worker uses it: stop
+        the workers first)."""
+        for folder in (self.unpacked, self.packages, self.compile_cache):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -97,9 +101,13 @@ def open_model(
     if not source.exists():
         raise ArchiveNotFound(f"{relative!r} not found in the model store")
     if source.is_dir():
-        return _read_model(source, relative, name, unpacked=None)
-    with unpacked(source, work_dir, _extractor(source), max_unpacked_size) as dest:
-        return _read_model(_manifest_folder(dest), relative, name, unpacked=dest)
+        model = _read_model(source, relative, name, unpacked=None)
+    else:
+        with unpacked(source, work_dir, _extractor(source), max_unpacked_size) as dest:
+            model = _read_model(_manifest_folder(dest), relative, name, unpacked=dest)
+    # Its own folder, never the store's: a model given as a folder is not written to.
+    cache = Path(tempfile.mkdtemp(prefix=f"{model.name}-compile-cache-", dir=work_dir))
+    return replace(model, compile_cache=cache)
 
 
 def _read_model(

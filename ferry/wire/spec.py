@@ -31,6 +31,9 @@ class WorkerSpec:
     process_group: str = ""
     """The process group whose processes it shares with other models
     (``ferry.worker_handles.hosts``); "" for a process of its own."""
+    compile_cache: str = ""
+    """The folder the model's workers share for compiled graphs
+    (``ferry.worker.compile_cache``); "" for none."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

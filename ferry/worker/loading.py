@@ -23,6 +23,7 @@ from ferry.config.settings import TORCHSERVE_MODEL_METRICS, ModelMetric
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import EntryPoint, load_entry_point
 from ferry.handlers.torchserve import request_envelope
+from ferry.worker.compile_cache import model_compile_cache
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
 
 log = logging.getLogger("ferry.worker")
@@ -78,10 +79,13 @@ def load_handler(
     package_dirs: Sequence[str] = (),
     envelope: str = "",
     model_metrics: Sequence[ModelMetric] = TORCHSERVE_MODEL_METRICS,
+    compile_cache: str = "",
 ) -> ReadyHandler:
     """Import, instantiate and initialise ``handler`` (the manifest's handler string).
     ``model_metrics`` are the metrics the handler finds declared (the server's
-    metrics_config; TorchServe's default ones without it)."""
+    metrics_config; TorchServe's default ones without it); ``compile_cache`` is the
+    folder the model's workers share for ``torch.compile`` (``ferry.worker.compile_cache``;
+    "" for none)."""
     prepare_imports(model_dir, package_dirs)
     context = Context(
         name,
@@ -93,7 +97,8 @@ def load_handler(
         image_limits=image_limits,
         model_metrics=model_metrics,
     )
-    entry = load_entry_point(handler, context)
+    with model_compile_cache(compile_cache, gpu_id, model_yaml_config):
+        entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
     _add_pipeline(ready, model_yaml_config)
     if not envelope and reads_envelopes(ready.instance):

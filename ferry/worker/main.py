@@ -75,6 +75,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[ReadyHandler, BatchRunne
         package_dirs=spec.package_dirs,
         envelope=spec.envelope,
         model_metrics=spec.model_metrics,
+        compile_cache=spec.compile_cache,
     )
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
     return ready, runner, _chosen_device(ready.instance, spec)

@@ -14,12 +14,14 @@ class-level default, and ``initialize`` sets the rest itself.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ferry.config.sections import torchserve_compile_options
 from ferry.errors import ArchiveError
 from ferry.handlers.builtin.device import DevicePath, HostPath, Transform, device_path_for
 from ferry.handlers.builtin.model_loading import (
@@ -40,6 +42,9 @@ from ferry.handlers.builtin.optimize import (
 )
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.exceptions import PredictionException
+from ferry.handlers.torchserve.ts_utils import check_valid_pt2_backend
+
+log = logging.getLogger("ferry.handlers")
 
 
 class BaseHandler:
@@ -105,6 +110,9 @@ class BaseHandler:
         self.optimizations = Optimizations.from_model_config(context.model_yaml_config)
         if self.model is not None:
             self.model = optimize_model(self.model, self.optimizations, device)
+            self.model = _torchserve_compiled(
+                self.model, self.model_yaml_config, self.optimizations
+            )
             self.model = graph_model(self.model, self.optimizations, device)
             warm_up(self.model, self.optimizations, device)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
@@ -115,6 +123,8 @@ class BaseHandler:
         the loading helpers; ONNX and torch.export files are Ferry's own."""
         if serialized and Path(serialized).suffix in (".onnx", ".pt2"):
             return load_model(model_dir, serialized, None, self._device())
+        if serialized and Path(serialized).suffix == ".so" and _torchserve_aot_compile(self):
+            return self._load_torch_export_aot_compile(str(model_dir / serialized))
         if model_file:
             model = self._load_pickled_model(str(model_dir), model_file, self.model_pt_path)
             return _on_device_for_inference(model, self._device())
@@ -137,6 +147,22 @@ class BaseHandler:
         if not path.is_file():
             raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
         return load_model(path.parent, path.name, None, self._device())
+
+    def _load_torch_export_aot_compile(self, model_so_path: str) -> Any:
+        """TorchServe's earlier AOTInductor form: a shared library from
+        ``torch._export.aot_compile``, named by model-config.yaml's ``pt2: {export:
+        {aot_compile: true}}``, on ``self.device`` (an AOTInductor package, ``.pt2``, is
+        the current form)."""
+        path = Path(model_so_path)
+        if not path.is_file():
+            raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
+        device = self._device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # its loader takes a device type, not an index
+        try:
+            return torch._export.aot_load(str(path), device.type)
+        except RuntimeError as error:
+            raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None
@@ -270,3 +296,33 @@ def timed_stage(context: Context, stage: str, function: Any, argument: Any) -> A
         return function(argument)
     finally:
         context.add_stage_time(stage, (time.perf_counter() - start) * 1000)
+
+
+def _torchserve_aot_compile(handler: BaseHandler) -> bool:
+    """Whether model-config.yaml says, as TorchServe reads it, that the serialized ``.so``
+    is a model compiled by ``torch._export.aot_compile`` (``pt2: {export: {aot_compile:
+    true}}``)."""
+    pt2 = (getattr(handler, "model_yaml_config", None) or {}).get("pt2")
+    export = pt2.get("export") if isinstance(pt2, dict) else None
+    return isinstance(export, dict) and bool(export.get("aot_compile"))
+
+
+def _torchserve_compiled(model: Any, config: dict[str, Any], options: Optimizations) -> Any:
+    """``model`` compiled as TorchServe's ``pt2`` asks (not when Ferry's own ``optimization:
+    compile`` is set); as in TorchServe, an unknown backend or a failing compile leaves the
+    model as it was, with a warning."""
+    compile_options = torchserve_compile_options(config)
+    if compile_options is None or options.compile_mode is not None:
+        return model
+    backend = compile_options.get("backend")
+    if backend is not None and not check_valid_pt2_backend(backend):
+        return model
+    try:
+        compiled = torch.compile(model, **compile_options)
+    except Exception as error:  # torch.compile's options are free-form: any may be wrong
+        log.warning(
+            "pt2: compiling with %s failed (%s); the model runs as it is", compile_options, error
+        )
+        return model
+    log.info("pt2: compiled with %s", compile_options)
+    return compiled

@@ -1,4 +1,5 @@
-"""Loading weights the ways TorchServe archives ship them: TorchScript, eager, torch.export."""
+"""Loading weights the ways TorchServe archives ship them: TorchScript, eager, torch.export
+programs and AOTInductor packages (both ``.pt2``, told apart by their contents), ONNX."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from ferry.errors import ArchiveError
+from ferry.handlers.builtin.aot_package import is_aoti_package, load_aoti_package
 from ferry.handlers.contract.loader import classes_defined_in, import_file
 
 
@@ -51,6 +53,8 @@ def load_model(
 
         return OnnxModel(weights, device)  # type: ignore[return-value]
     if weights is not None and weights.suffix == ".pt2":
+        if is_aoti_package(weights):
+            return load_aoti_package(weights, device)  # type: ignore[return-value]
         model = torch.export.load(str(weights)).module()
     elif model_file:
         model = load_eager_model(model_dir / model_file, weights, device)

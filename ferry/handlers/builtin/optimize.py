@@ -39,6 +39,7 @@ import torch
 
 from ferry.config.sections import OptimizationConfig, parse_optimization
 from ferry.errors import ConfigError
+from ferry.handlers.builtin.aot_package import AotiModel
 
 log = logging.getLogger("ferry.handlers")
 
@@ -79,6 +80,9 @@ class Optimizations(OptimizationConfig):
 def optimize_model(model: Any, options: Optimizations, device: torch.device) -> Any:
     """Apply the chosen switches to a loaded model, in a safe order: casts and layout
     first, since freezing turns the weights into constants that ``.to`` no longer moves."""
+    if isinstance(model, AotiModel):
+        _check_compiled_package(options)
+        return model
     if options.torchscript_freeze and not isinstance(model, torch.jit.ScriptModule):
         raise ConfigError("optimization: torchscript_freeze needs a TorchScript model")
     if options.precision != "fp32":
@@ -92,6 +96,25 @@ def optimize_model(model: Any, options: Optimizations, device: torch.device) -> 
             raise ConfigError("optimization: compile needs an eager or torch.export model")
         model = torch.compile(model, mode=options.compile_mode)
     return model
+
+
+def _check_compiled_package(options: Optimizations) -> None:
+    """What cannot change a model compiled ahead of time: its weights, kernels and the
+    layout its kernels read are fixed (``optimization:`` choices that only shape the input
+    batch, such as ``batch_buckets`` and ``warmup``, still apply)."""
+    fixed = {
+        "compile": options.compile_mode is not None,
+        "torchscript_freeze": options.torchscript_freeze,
+        "precision": options.precision != "fp32",
+        "channels_last": options.channels_last,
+        "cuda_graphs": options.cuda_graphs,
+    }
+    chosen = [name for name, on in fixed.items() if on]
+    if chosen:
+        raise ConfigError(
+            f"optimization: {', '.join(chosen)} cannot apply to an AOTInductor package, "
+            "which is compiled already: compile the package with them instead"
+        )
 
 
 Replay = Callable[[torch.Tensor], Any]

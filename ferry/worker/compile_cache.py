@@ -1,0 +1,116 @@
+"""One compile cache per model, shared by its workers: a model is compiled once, not
+once per worker.
+
+``torch.compile`` (model-config.yaml's ``optimization: compile``, or TorchServe's ``pt2``)
+compiles in the worker that loads the model. Every worker of a model points Inductor's
+cache (``TORCHINDUCTOR_CACHE_DIR``; Triton's lies inside it) at the model's own folder,
+which the server made beside the unpacked archive and removes with it
+(``ModelArchive.compile_cache``), under a name of the torch version and the worker's
+device. A second worker, a scaled-up one or a restarted one finds the compiled graphs
+there and loads them instead of compiling: Inductor's own cache keys (the graph, torch,
+the device, the compile options) decide a hit, so a changed model, torch or GPU compiles
+afresh and never runs stale kernels.
+
+Workers that start together would all compile: while one worker of a model that compiles
+loads it, the others wait on a lock in the cache folder, then load from the cache.
+
+A ``TORCHINDUCTOR_CACHE_DIR`` set for the server is the operator's choice and is kept.
+Compiles that happen later (a first request of a new shape) use the same cache. In a
+process shared by several models (``ferry.worker_handles.hosts``) the variable names the
+folder of the model loaded last; a model compiling later into another's folder only
+misses the cache, it never runs another model's kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ferry.config.sections import torchserve_compile_options
+
+log = logging.getLogger("ferry.worker")
+
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+OPERATOR_CACHE = os.environ.get(CACHE_VARIABLE)
+"""The cache the server was started with, if the operator chose one (read once, before
+any model of this process sets its own)."""
+LOCK_FILE = "loading.lock"
+
+
+def compiles(model_yaml_config: dict[str, Any]) -> bool:
+    """Whether the model is compiled as it loads: ``optimization: compile`` or
+    TorchServe's ``pt2`` (``ferry.config.sections.torchserve_compile_options``)."""
+    optimization = model_yaml_config.get("optimization")
+    if isinstance(optimization, dict) and optimization.get("compile") not in (None, False):
+        return True
+    return torchserve_compile_options(model_yaml_config) is not None
+
+
+def cache_folder(root: Path, torch_version: str, device: str) -> Path:
+    """The model's cache for one torch version and device kind (``cpu``, ``cuda-sm90``)."""
+    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in torch_version)
+    return root / f"torch-{safe}-{device}"
+
+
+def device_kind(gpu_id: int | None) -> str:
+    """``cpu``, or ``cuda-sm<capability>`` of the worker's GPU."""
+    if gpu_id is None:
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(gpu_id)
+    return f"cuda-sm{major}{minor}"
+
+
+@dataclass(frozen=True)
+class CacheCounts:
+    hits: int
+    misses: int
+
+
+def inductor_counts() -> CacheCounts:
+    """Inductor's own counters of compiled-graph cache hits and misses in this process."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return CacheCounts(inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"])
+
+
+@contextlib.contextmanager
+def model_compile_cache(
+    root: str, gpu_id: int | None, model_yaml_config: dict[str, Any]
+) -> Iterator[Path | None]:
+    """Around loading a model: its workers' shared cache set for this process, and, for
+    a model that compiles as it loads, that load alone among its workers (the others
+    wait, then hit the cache). Yields the cache folder, or None when there is none (a
+    loader without one, or the operator's own cache)."""
+    if not root or OPERATOR_CACHE is not None:
+        yield None
+        return
+    import torch
+
+    folder = cache_folder(Path(root), torch.__version__, device_kind(gpu_id))
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[CACHE_VARIABLE] = str(folder)
+    if not compiles(model_yaml_config):
+        yield folder
+        return
+    before = inductor_counts()
+    with open(folder / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        yield folder
+    after = inductor_counts()
+    log.info(
+        "compile cache %s: %d compiled graphs loaded from it, %d compiled",
+        folder,
+        after.hits - before.hits,
+        after.misses - before.misses,
+    )

@@ -1,0 +1,244 @@
+"""PyTorch 2's compiled formats through a real server: a model compiled ahead of time by
+``ferry archive --aot-inductor`` (as a user runs it) and served as an AOTInductor package
+in batches of several sizes, one over the package's compiled maximum; a package compiled
+for another device refused with the reason; and a ``torch.compile`` model whose second
+worker loads the first worker's compiled graphs from the model's cache instead of
+compiling (Inductor's own counters, as the workers log them, and the cache's files).
+
+Compiling needs a C++ compiler: without one these tests skip, saying so (CI has one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from torch import nn
+
+from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.models import HANDLERS, write_config
+from tests.fixtures.polling import wait_until
+from tests.fixtures.server import RunningServer, ferry_server
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None,
+    reason="AOTInductor and torch.compile compile C++: no C++ compiler (g++) here",
+)
+
+TINY_NET = """
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(3, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+"""
+HANDLER = str(HANDLERS / "batch_reporting_handler.py")
+MAX_BATCH = 4
+"""The package's compiled maximum; the model's batchSize (6) is over it."""
+
+
+def _tiny_net() -> nn.Module:
+    namespace: dict[str, Any] = {}
+    exec(TINY_NET, namespace)  # the same source the archive holds
+    torch.manual_seed(0)
+    model: nn.Module = namespace["TinyNet"]().eval()
+    return model
+
+
+def _sources(folder: Path) -> tuple[Path, Path]:
+    """The model file and its state dict."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model_file = folder / "tiny_net.py"
+    model_file.write_text(TINY_NET)
+    weights = folder / "tiny.pt"
+    torch.save(_tiny_net().state_dict(), weights)
+    return model_file, weights
+
+
+def _compiled_archive(store: Path, scratch: Path) -> subprocess.CompletedProcess[str]:
+    model_file, weights = _sources(scratch)
+    config = write_config(
+        scratch,
+        {
+            "batchSize": 6,
+            "maxBatchDelay": 3000,
+            "batchPolicy": "fixed_window",
+            "startupTimeout": 600,
+        },
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "ferry",
+        "archive",
+        "--model-name",
+        "tiny",
+        "--handler",
+        HANDLER,
+        "--model-file",
+        str(model_file),
+        "--serialized-file",
+        str(weights),
+        "--config-file",
+        str(config),
+        "--aot-inductor",
+        "--input-shape",
+        "3",
+        "--max-batch",
+        str(MAX_BATCH),
+        "--export-path",
+        str(store),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+
+
+def _for_another_device(store: Path, scratch: Path) -> None:
+    """``gpu_only``: the compiled package, its metadata saying it is for CUDA."""
+    with zipfile.ZipFile(store / "tiny.mar") as archive:
+        package = archive.read("tiny.pt2")
+    scratch.mkdir(parents=True, exist_ok=True)
+    source = scratch / "source.pt2"
+    source.write_bytes(package)
+    target = scratch / "gpu_only.pt2"
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as forged:
+        for item in original.infolist():
+            data = original.read(item)
+            if item.filename.endswith("_metadata.json") and "aotinductor" in item.filename:
+                data = json.dumps({**json.loads(data), "AOTI_DEVICE_KEY": "cuda"}).encode()
+            forged.writestr(item, data)
+    spec = ArchiveSpec(model_name="gpu_only", handler=HANDLER, serialized_file=target)
+    write_archive(spec, store, force=True)
+
+
+def _cached_archive(store: Path, scratch: Path) -> None:
+    """``cached``: the eager model with ``torch.compile``, two workers, warmed up at load."""
+    model_file, weights = _sources(scratch)
+    config = {
+        "minWorkers": 2,
+        "maxWorkers": 2,
+        "startupTimeout": 600,
+        "optimization": {"compile": "default", "warmup": {"input_shape": [3], "batch_sizes": [2]}},
+    }
+    spec = ArchiveSpec(
+        model_name="cached",
+        handler=HANDLER,
+        serialized_file=weights,
+        model_file=model_file,
+        config_file=write_config(scratch, config),
+    )
+    write_archive(spec, store, force=True)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """The store with ``tiny`` compiled by ``ferry archive``, and what it printed."""
+    tmp = tmp_path_factory.mktemp("aot")
+    store = tmp / "store"
+    store.mkdir()
+    done = _compiled_archive(store, tmp / "src")
+    assert done.returncode == 0, done.stderr
+    _for_another_device(store, tmp / "forged")
+    _cached_archive(store, tmp / "cached-src")
+    return tmp, store, done.stderr
+
+
+@pytest.fixture(scope="module")
+def server(compiled: tuple[Path, Path, str]) -> Iterator[RunningServer]:
+    tmp, store, _ = compiled
+    models = ["tiny=tiny.mar", "gpu_only=gpu_only.mar", "cached=cached.mar"]
+    (tmp / "server-tmp").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        # Its own temporary folder: the test reads the compile cache the server keeps there.
+        patch.setenv("TMPDIR", str(tmp / "server-tmp"))
+        patch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        with ferry_server(store, models, tmp) as running:
+            yield running
+
+
+def test_ferry_archive_compiles_the_model_and_says_how_close_it_answers(
+    compiled: tuple[Path, Path, str],
+) -> None:
+    _, store, printed = compiled
+    assert re.search(r"compiled in \d+ s; answers within \S+ of the model's", printed), printed
+    with zipfile.ZipFile(store / "tiny.mar") as archive:
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+        assert manifest["model"]["serializedFile"] == "tiny.pt2"
+        assert "modelFile" not in manifest["model"]  # no Python model code is served
+
+
+def _predict(client: httpx.Client, rows: list[list[float]]) -> list[dict[str, Any]]:
+    with ThreadPoolExecutor(len(rows)) as pool:
+        responses = list(pool.map(lambda row: client.post("/predictions/tiny", json=row), rows))
+    for response in responses:
+        assert response.status_code == 200, response.text
+    return [response.json() for response in responses]
+
+
+def test_the_package_answers_batches_of_several_sizes_as_the_model_does(
+    server: RunningServer,
+) -> None:
+    model = _tiny_net()
+    generator = torch.Generator().manual_seed(1)
+    with server.client() as client:
+        for rows in (6, 1, 3):  # 6 is over the compiled maximum (4): run as 4 + 2
+            inputs = torch.randn(rows, 3, generator=generator)
+            answers = _predict(client, inputs.tolist())
+            assert {answer["batch"] for answer in answers} == {rows}
+            with torch.no_grad():
+                expected = model(inputs)
+            got = torch.tensor([answer["output"] for answer in answers])
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (got, expected)
+
+
+def test_a_package_compiled_for_another_device_is_refused_with_the_reason(
+    server: RunningServer,
+) -> None:
+    def describe() -> dict[str, Any]:
+        with server.management() as api:
+            document: dict[str, Any] = api.get("/models/gpu_only").json()[0]
+            return document
+
+    wait_until("gpu_only to give up", lambda: bool(describe().get("loadError")))
+    message = describe()["loadError"]
+    assert "gpu_only.pt2 was compiled for cuda and this worker runs on cpu" in message
+
+
+def test_the_second_worker_loads_the_first_workers_compiled_graphs(
+    server: RunningServer, compiled: tuple[Path, Path, str]
+) -> None:
+    tmp, _, _ = compiled
+
+    def reports() -> list[tuple[int, int]]:
+        lines = re.findall(
+            r"compile cache \S+: (\d+) compiled graphs loaded from it, (\d+) compiled", server.log()
+        )
+        return [(int(loaded), int(made)) for loaded, made in lines]
+
+    wait_until("both workers of cached to load", lambda: len(reports()) == 2)
+    first, second = sorted(reports(), key=lambda report: report[1], reverse=True)
+    assert first[1] > 0  # one worker compiled
+    assert second == (first[1], 0)  # the other loaded every graph and compiled none
+    folders = list((tmp / "server-tmp").glob("ferry-*/*/cached-compile-cache-*/torch-*"))
+    assert len(folders) == 1 and any(folders[0].rglob("*")), folders
+    with server.client() as client:
+        answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
+        assert answer.status_code == 200, answer.text
