@@ -185,11 +185,15 @@ def test_a_node_removed_under_load_loses_no_request_silently(
         # Ray Serve notices the lost replica (its health check) and starts another on the
         # node left free: answers from a node that was not serving before.
         wait_until("the replacement replica to answer", lambda: bool(set(load.nodes) - serving))
-        recovered = load.answered()
         after = Counter(load.nodes)
-        wait_until("load on two replicas again", lambda: load.answered() >= recovered + 100)
-    answered_by = {node for node, count in load.nodes.items() if count > after.get(node, 0)}
-    assert len(answered_by) == 2  # throughput recovered on two replicas
+
+        def answered_since() -> set[str]:
+            return {node for node, count in load.nodes.items() if count > after.get(node, 0)}
+
+        # Throughput recovered on two replicas: both answer new requests. (How soon Ray's
+        # router sends the new replica its share depends on its queue-length probes.)
+        wait_until("answers from two replicas again", lambda: len(answered_since()) == 2)
+    answered_by = answered_since()
     assert victim.node_id not in answered_by
     assert _replicas(server) == {"RUNNING": 2}
     assert load.answered() > removed_at and routed.answered() > 0
