@@ -400,18 +400,48 @@ def write(figures: Figures, models: list[str]) -> None:
                 f"| {figures.max_difference[key]:.1e} |"
             )
         lines.append("")
+        lines += _compiled_once(figures, name)
     lines += [
         "torch.compile's compile time is the offline first calls at every batch size; its "
-        "served first answer includes the same compilation in the first worker. The second "
-        "worker (a scale-up from one worker to two) gets one torch thread instead of two, "
-        "which is part of Inductor's cache key for CPU kernels, so it compiles again; the "
-        "restarted worker (the same thread count) loads the compiled graphs from the "
-        "model's cache. "
+        "served first answer includes the first worker's compilation of the warm-up batches "
+        "(ahead of their first call, saved in the model's compile cache). The second worker "
+        "is a scale-up from one worker to two: it gets one torch thread instead of two, and "
+        "compiled graphs are specific to the thread count (Inductor's CPU kernels, Dynamo's "
+        "guards), so it compiles its own, once. The restarted worker (that second worker's "
+        "process killed) loads the graphs compiled for its thread count and compiles "
+        "nothing. "
         "AOTInductor's compile time is `ferry archive --aot-inductor` (the export, the "
         "compilation and the check against the eager model); no worker compiles.",
         "",
     ]
     publish(ROOT / "benchmarks" / "results" / "model_formats.md", lines)
+
+
+def _compiled_once(figures: Figures, name: str) -> list[str]:
+    """What compiling costs each worker: its start-up beyond TorchScript's in the same
+    case (the first worker's includes the compilation), and the later workers' share of
+    the first's."""
+    ts = f"{name} | TorchScript"
+    lines = [
+        "| format | first worker: compile cost (s) | second worker: cost (s) | share | "
+        "restarted worker: cost (s) | share |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fmt in ("torch.compile", "AOTInductor"):
+        key = f"{name} | {fmt}"
+        first = figures.first_answer_s[key] - figures.first_answer_s[ts]
+        second = figures.second_worker_s[key] - figures.second_worker_s[ts]
+        restarted = figures.restarted_worker_s[key] - figures.restarted_worker_s[ts]
+        lines.append(
+            f"| {fmt} | {first:.1f} | {second:.1f} | {second / first:.0%} "
+            f"| {restarted:.1f} | {restarted / first:.0%} |"
+        )
+    return [
+        "Start-up beyond TorchScript's (the same case, the same server):",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def main() -> None:

@@ -77,11 +77,18 @@ class CacheCounts:
 
 
 def inductor_counts() -> CacheCounts:
-    """Inductor's own counters of compiled-graph cache hits and misses in this process."""
+    """Compiled graphs loaded and compiled in this process: Inductor's own cache hits and
+    misses, and the graphs ``optimization: compile`` saved ahead of their first call
+    (``ferry.handlers.builtin.precompile``, whose loads bypass Inductor's cache)."""
     from torch._dynamo.utils import counters
 
-    inductor = counters["inductor"]
-    return CacheCounts(inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"])
+    from ferry.handlers.builtin.precompile import COUNTERS  # imports torch: not at start-up
+
+    inductor, saved = counters["inductor"], counters[COUNTERS]
+    return CacheCounts(
+        inductor["fxgraph_cache_hit"] + saved["loaded"],
+        inductor["fxgraph_cache_miss"] + saved["compiled"],
+    )
 
 
 @contextlib.contextmanager

@@ -3,19 +3,25 @@
 in batches of several sizes, one over the package's compiled maximum; a package compiled
 for another device refused with the reason; and a ``torch.compile`` model whose second
 worker loads the first worker's compiled graphs from the model's cache instead of
-compiling (Inductor's own counters, as the workers log them, and the cache's files).
+compiling (Inductor's own counters, as the workers log them, and the cache's files); and
+TorchServe's earlier form as its example makes it (examples/pt2/torch_export_aot_compile:
+a ``.so`` from ``torch._export.aot_compile`` with a batch of 2 to 15, the built-in
+``image_classifier``, ``pt2: {export: {aot_compile: true}}``), answering as the same
+model in TorchScript does.
 
 Compiling needs a C++ compiler: without one these tests skip, saying so (CI has one).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import warnings
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -148,6 +156,57 @@ def _cached_archive(store: Path, scratch: Path) -> None:
     write_archive(spec, store, force=True)
 
 
+class SmallClassifier(nn.Module):
+    """A stand-in for the example's ResNet-18 (no weights are downloaded): any image size,
+    ten classes. Its input is named ``x``, as the example's dynamic shapes name it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Conv2d(3, 8, 3, stride=2)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classes = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.pool(torch.relu(self.features(x))).flatten(1)
+        result: torch.Tensor = self.classes(pooled)
+        return result
+
+
+def _torchserve_examples_archives(store: Path, scratch: Path) -> None:
+    """``res_so``: TorchServe's example, step by step (a ``.so`` compiled with a dynamic
+    batch of 2 to 15, archived with the built-in ``image_classifier`` and its model-config);
+    ``res_ts``: the same model in TorchScript, to answer against."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = SmallClassifier().eval()
+    # torch's export warns about its own use of a deprecated pytree API.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        library = torch._export.aot_compile(
+            model,
+            (torch.randn(2, 3, 224, 224),),
+            dynamic_shapes={"x": {0: torch.export.Dim("batch", min=2, max=15)}},
+            options={"aot_inductor.output_path": str(scratch / "res_pt2.so")},
+        )
+    labels = scratch / "index_to_name.json"
+    labels.write_text(json.dumps({str(i): [f"n{i:08d}", f"class_{i}"] for i in range(10)}))
+    config = write_config(
+        scratch,
+        {"batchSize": 4, "maxBatchDelay": 200, "pt2": {"export": {"aot_compile": True}}},
+    )
+    common: dict[str, Any] = {"handler": "image_classifier", "extra_files": (labels,)}
+    write_archive(
+        ArchiveSpec(
+            model_name="res_so", serialized_file=Path(str(library)), config_file=config, **common
+        ),
+        store,
+        force=True,
+    )
+    scripted = scratch / "res.pt"
+    torch.jit.save(torch.jit.script(model), scripted)
+    write_archive(ArchiveSpec(model_name="res_ts", serialized_file=scripted, **common), store)
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     """The store with ``tiny`` compiled by ``ferry archive``, and what it printed."""
@@ -158,6 +217,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     assert done.returncode == 0, done.stderr
     _for_another_device(store, tmp / "forged")
     _cached_archive(store, tmp / "cached-src")
+    _torchserve_examples_archives(store, tmp / "torchserve-example")
     return tmp, store, done.stderr
 
 
@@ -165,6 +225,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 def server(compiled: tuple[Path, Path, str]) -> Iterator[RunningServer]:
     tmp, store, _ = compiled
     models = ["tiny=tiny.mar", "gpu_only=gpu_only.mar", "cached=cached.mar"]
+    models += ["res_so=res_so.mar", "res_ts=res_ts.mar"]
     (tmp / "server-tmp").mkdir()
     with pytest.MonkeyPatch.context() as patch:
         # Its own temporary folder: the test reads the compile cache the server keeps there.
@@ -242,3 +303,35 @@ def test_the_second_worker_loads_the_first_workers_compiled_graphs(
     with server.client() as client:
         answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
         assert answer.status_code == 200, answer.text
+
+
+def _jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def test_torchserves_aot_compiled_library_answers_as_the_model_does(
+    server: RunningServer,
+) -> None:
+    """One image alone (a batch of 1, under the library's minimum of 2, as the example
+    says works) and four at once, each against the TorchScript model's answer."""
+    images = [_jpeg(seed) for seed in range(5)]
+    with server.client() as client, ThreadPoolExecutor(4) as pool:
+
+        def both(image: bytes) -> tuple[httpx.Response, httpx.Response]:
+            return (
+                client.post("/predictions/res_so", content=image),
+                client.post("/predictions/res_ts", content=image),
+            )
+
+        answers = [both(images[0]), *pool.map(both, images[1:])]
+    for compiled, scripted in answers:
+        assert compiled.status_code == 200, compiled.text
+        assert scripted.status_code == 200, scripted.text
+        expected = scripted.json()
+        got = compiled.json()
+        assert list(got) == list(expected)  # the same top five, in order
+        for label, probability in expected.items():
+            assert got[label] == pytest.approx(probability, abs=1e-4)

@@ -208,15 +208,19 @@ class BaseHandler:
         """The model on the batch: cast, laid out and padded to its bucket as configured;
         padded rows are dropped from the output. On a GPU it runs on the worker's compute
         stream."""
-        with torch.inference_mode(), self.device_path.compute():
+        with self.device_path.compute():
             if not isinstance(data, torch.Tensor):
-                begin_graph_tree_step(self.optimizations)
-                answer = self.model(data, *args, **kwargs)
-                return copy_graph_tree_outputs(answer, self.optimizations)
+                with torch.inference_mode():
+                    begin_graph_tree_step(self.optimizations)
+                    answer = self.model(data, *args, **kwargs)
+                    return copy_graph_tree_outputs(answer, self.optimizations)
+            # Padded or not, the model gets an ordinary tensor, as preprocess and warm-up
+            # make them: compiled graphs' guards tell it from an inference tensor.
             batch, rows = prepare_input(data, self.optimizations, self._device())
-            begin_graph_tree_step(self.optimizations)
-            output = self.model(batch, *args, **kwargs)
-            return finish_output(output, rows, batch.shape[0], self.optimizations)
+            with torch.inference_mode():
+                begin_graph_tree_step(self.optimizations)
+                output = self.model(batch, *args, **kwargs)
+                return finish_output(output, rows, batch.shape[0], self.optimizations)
 
     def postprocess(self, data: Any) -> list[Any]:
         result: list[Any] = data.tolist()

@@ -40,6 +40,7 @@ import torch
 from ferry.config.sections import OptimizationConfig, parse_optimization
 from ferry.errors import ConfigError
 from ferry.handlers.builtin.aot_package import AotiModel
+from ferry.handlers.builtin.precompile import compile_once, precompilable
 
 log = logging.getLogger("ferry.handlers")
 
@@ -94,8 +95,19 @@ def optimize_model(model: Any, options: Optimizations, device: torch.device) -> 
     if options.compile_mode is not None:
         if isinstance(model, torch.jit.ScriptModule):
             raise ConfigError("optimization: compile needs an eager or torch.export model")
-        model = torch.compile(model, mode=options.compile_mode)
+        model = _compiled(model, options, device)
     return model
+
+
+def _compiled(model: Any, options: Optimizations, device: torch.device) -> Any:
+    """``torch.compile`` of the model: with a warm-up shape, its warm-up batches compiled
+    once per model and loaded by every later worker (``precompile``); CUDA graph trees
+    record as they run, so they compile in each worker."""
+    mode = options.compile_mode or "default"
+    examples = [] if options.graph_trees else warmup_batches(options, device)
+    if precompilable(model, examples):
+        return compile_once(model, mode, examples)
+    return torch.compile(model, mode=mode)
 
 
 def _check_compiled_package(options: Optimizations) -> None:
@@ -275,16 +287,29 @@ GRAPH_TREE_WARMUP_CALLS = 3
 records the CUDA graph, the third replays it; a request after warm-up only replays."""
 
 
-def warm_up(model: Any, options: Optimizations, device: torch.device) -> None:
+def warmup_batches(options: Optimizations, device: torch.device) -> list[torch.Tensor]:
+    """The batches warm-up runs, as the model receives them (padded to their bucket, cast
+    and laid out), one per distinct shape. Made outside ``torch.inference_mode``, as
+    ``preprocess`` makes a request's batch: compiled graphs guard on the difference, so a
+    warm-up with inference tensors would leave the first requests to compile again."""
     if not options.warmup_shape:
-        return
+        return []
     sizes = options.warmup_batch_sizes or options.batch_buckets or (1,)
+    batches: dict[tuple[int, ...], torch.Tensor] = {}
+    for size in sizes:
+        batch, _ = prepare_input(torch.zeros(size, *options.warmup_shape), options, device)
+        batches.setdefault(tuple(batch.shape), batch)
+    return list(batches.values())
+
+
+def warm_up(model: Any, options: Optimizations, device: torch.device) -> None:
+    batches = warmup_batches(options, device)
+    if not batches:
+        return
     calls = GRAPH_TREE_WARMUP_CALLS if options.graph_trees else 1
     with torch.inference_mode():
-        for size in sizes:
-            example = torch.zeros(size, *options.warmup_shape)
-            batch, _ = prepare_input(example, options, device)
+        for batch in batches:
             for _ in range(calls):
                 begin_graph_tree_step(options)
                 model(batch)
-    log.info("warmed up at batch sizes %s", list(sizes))
+    log.info("warmed up at batch sizes %s", [batch.shape[0] for batch in batches])

@@ -1,0 +1,200 @@
+"""``torch.compile``, compiled once per model: the first worker compiles the warm-up
+shapes ahead of their first call and saves the result; every later worker loads it.
+
+Inductor's own cache (``ferry.worker.compile_cache``) spares a second worker the kernel
+compilation but not Dynamo's trace of the model and AOTAutograd's, about 2-4 s per shape
+for a ResNet on 2 cores. With ``optimization: compile`` and ``warmup.input_shape``, the
+worker compiles the warm-up batches with torch's ahead-of-time capture instead
+(``OptimizedModule._aot_compile``, experimental in torch 2.13): one graph for a batch of 1
+and one with a dynamic batch for the larger sizes, each with its guards. It saves them
+(with the compiled kernels' sources) in the compile cache under a key of torch's version,
+the device, the compile mode, the example inputs and the model's structure; a later
+worker of the model loads them and compiles nothing (their ``.so`` files are in the same
+cache).
+
+A call the saved guards reject (another shape or dtype, a call outside
+``torch.inference_mode`` or with an inference tensor) runs through an ordinary
+``torch.compile`` of the model, which compiles it as it would have without this. A
+model the capture cannot take whole (a graph break) or a saved file that does not load
+is compiled the ordinary way, with a warning saying why.
+
+The graphs are compiled for the worker's torch thread count: Inductor generates CPU
+kernels for it (per-thread buffers among them) and Dynamo's guards check it. Workers with
+another count (a scale-up that splits the cores again: one worker with 2 threads, then a
+second with 1) compile their own, once per count, saved beside the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("ferry.handlers")
+
+FOLDER = "ferry-precompiled"
+COUNTERS = "ferry_precompile"
+"""Key in torch's ``counters``: ``loaded`` and ``compiled`` graphs in this process (read by
+``ferry.worker.compile_cache`` for its log line, beside Inductor's own)."""
+
+
+def precompilable(model: Any, examples: Sequence[torch.Tensor]) -> bool:
+    """Whether the ahead-of-time capture applies: an eager module (a ``torch.export``
+    program's module included) and examples to compile for."""
+    return (
+        bool(examples)
+        and isinstance(model, torch.nn.Module)
+        and not isinstance(model, torch.jit.ScriptModule)
+    )
+
+
+def compile_once(model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]) -> Any:
+    """``torch.compile(model, mode=mode)``, its graphs for ``examples`` loaded from the
+    compile cache or compiled now and saved there."""
+    fallback = torch.compile(model, mode=mode)
+    path = artifact_path(cache_root(), model, mode, examples)
+    try:
+        compiled = _load(model, mode, path) if path.exists() else None
+    except Exception as error:  # a file from an incompatible torch, or damaged
+        log.warning("precompiled graphs at %s did not load (%s); compiling again", path, error)
+        compiled = None
+    if compiled is None:
+        try:
+            compiled = _compile(model, mode, examples)
+        except Exception as error:  # a graph break, or an op the capture does not take
+            log.warning(
+                "compile: the model cannot be compiled ahead of its first call (%s); it "
+                "compiles as it runs, in each worker",
+                _first_line(error),
+            )
+            return fallback
+        _save(compiled, path)
+    compiled.forward = GuardedForward(model, compiled.forward, fallback)
+    return compiled
+
+
+class GuardedForward:
+    """The saved graphs' dispatch by their guards, and the ordinary ``torch.compile`` for
+    a call none of them accepts (torch's own dispatch raises instead)."""
+
+    def __init__(self, model: torch.nn.Module, saved: Any, fallback: Callable[..., Any]) -> None:
+        self._model = model
+        self._graphs = list(saved.compiled_results)
+        self._fallback = fallback
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for graph in self._graphs:
+            if graph.guard_check(self._model, *args, **kwargs):
+                return graph(self._model, *args, **kwargs)
+        return self._fallback(*args, **kwargs)
+
+
+def cache_root() -> Path:
+    """Inductor's cache folder of this process: the model's compile cache in a Ferry
+    worker (``ferry.worker.compile_cache``), the operator's or torch's default otherwise."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
+
+
+def artifact_path(
+    root: Path, model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]
+) -> Path:
+    """The saved graphs' file: a key of everything they were compiled for (this worker's
+    torch threads included) except the weights, which they read from the model at each
+    call."""
+    key = hashlib.sha256()
+    threads = f"{torch.get_num_threads()} threads"
+    for part in (torch.__version__, mode, threads, _fingerprint(model)):
+        key.update(part.encode())
+    for example in examples:
+        layout = "channels_last" if _channels_last(example) else "contiguous"
+        key.update(f"{tuple(example.shape)} {example.dtype} {example.device} {layout}".encode())
+    return root / FOLDER / f"{key.hexdigest()[:32]}.bin"
+
+
+def _fingerprint(model: torch.nn.Module) -> str:
+    """The model's structure: its class, modules and every parameter's and buffer's name,
+    shape, dtype and device."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    described = [f"{name} {tuple(t.shape)} {t.dtype} {t.device}" for name, t in tensors]
+    kind = type(model)
+    return "\n".join([f"{kind.__module__}.{kind.__qualname__}", repr(model), *described])
+
+
+def _channels_last(tensor: torch.Tensor) -> bool:
+    return tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+
+
+def _inputs(examples: Sequence[torch.Tensor]) -> list[Any]:
+    """One graph for a batch of 1 (torch specialises size 1) and one with a dynamic batch
+    dimension for the larger sizes (the largest example traced), as ``torch.compile``
+    itself ends up with after its second shape.
+
+    Traced as the built-in handlers call the model, which the guards check: a batch made
+    by ``preprocess`` (an ordinary tensor, not an inference tensor) under
+    ``torch.inference_mode``."""
+    from torch._dynamo.aot_compile import ModelInput
+
+    ones = [e for e in examples if e.shape[0] == 1]
+    larger = sorted((e for e in examples if e.shape[0] > 1), key=lambda e: e.shape[0])
+    inputs = []
+    if ones:
+        inputs.append(ModelInput((ones[0].clone(),), {}, [torch.inference_mode()]))
+    if larger:
+        batch = larger[-1].clone()
+        torch._dynamo.mark_dynamic(batch, 0)
+        inputs.append(ModelInput((batch,), {}, [torch.inference_mode()]))
+    return inputs
+
+
+def _compile(model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]) -> Any:
+    inputs = _inputs(examples)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled: Any = torch.compile(model, mode=mode, fullgraph=True)  # an OptimizedModule
+        compiled._aot_compile(inputs)
+    _count("compiled", len(inputs))
+    return compiled
+
+
+def _save(compiled: Any, path: Path) -> None:
+    """Written whole or not at all (a worker killed mid-write leaves no half file)."""
+    try:
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            data = compiled._save_aot_compiled_module()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+    except Exception as error:  # the model is compiled: only later workers lose
+        log.warning("compile: the compiled graphs were not saved to %s (%s)", path, error)
+        return
+    log.info("compile: graphs compiled ahead of their first call, saved to %s", path)
+
+
+def _load(model: torch.nn.Module, mode: str, path: Path) -> Any:
+    """Loaded under ``torch.inference_mode``: the guards are rebuilt against the dispatch
+    state they are loaded in, which must be the one the worker calls them in."""
+    compiled: Any = torch.compile(model, mode=mode, fullgraph=True)  # an OptimizedModule
+    with torch._dynamo.config.patch(enable_aot_compile=True), torch.inference_mode():
+        compiled._load_aot_compiled_module(path.read_bytes())
+    graphs = len(compiled.forward.compiled_results)
+    _count("loaded", graphs)
+    log.info("compile: %d graphs compiled by an earlier worker loaded from %s", graphs, path)
+    return compiled
+
+
+def _count(what: str, graphs: int) -> None:
+    from torch._dynamo.utils import counters
+
+    counters[COUNTERS][what] += graphs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

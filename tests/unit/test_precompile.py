@@ -1,0 +1,196 @@
+"""torch.compile compiled once per model, without compiling: the saved graphs' key (what
+invalidates them, what does not), the inputs they are compiled for, the dispatch by
+guards with the ordinary torch.compile behind it, and the fall-backs when the capture or
+the saved file fails. Compiling for real is in tests/integration/test_aot_inductor.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ferry.config.sections import parse_optimization
+from ferry.handlers.builtin import precompile
+from ferry.handlers.builtin.optimize import Optimizations, optimize_model
+from ferry.handlers.builtin.precompile import GuardedForward, artifact_path, precompilable
+
+ROOT = Path("/cache")
+
+
+def _mlp(hidden: int = 4) -> nn.Module:
+    return nn.Sequential(nn.Linear(3, hidden), nn.ReLU(), nn.Linear(hidden, 2)).eval()
+
+
+def _examples(*sizes: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    return [torch.zeros(size, 3, dtype=dtype) for size in sizes]
+
+
+def test_the_key_holds_what_the_graphs_were_compiled_for_but_not_the_weights() -> None:
+    model = _mlp()
+    path = artifact_path(ROOT, model, "default", _examples(1, 4))
+    assert path.parent == ROOT / precompile.FOLDER
+    retrained = _mlp()
+    with torch.no_grad():
+        for parameter in retrained.parameters():
+            parameter.add_(1.0)
+    # The graphs read the weights from the model at each call: new weights, same file.
+    assert artifact_path(ROOT, retrained, "default", _examples(1, 4)) == path
+    changed = {
+        "mode": artifact_path(ROOT, model, "max-autotune-no-cudagraphs", _examples(1, 4)),
+        "batch sizes": artifact_path(ROOT, model, "default", _examples(1, 8)),
+        "dtype": artifact_path(ROOT, model, "default", _examples(1, 4, dtype=torch.float16)),
+        "structure": artifact_path(ROOT, _mlp(hidden=5), "default", _examples(1, 4)),
+        "parameter dtype": artifact_path(ROOT, _mlp().half(), "default", _examples(1, 4)),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        changed["torch threads"] = artifact_path(ROOT, model, "default", _examples(1, 4))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(other != path for other in changed.values()), changed
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_the_key_tells_a_channels_last_input_from_a_contiguous_one() -> None:
+    model = nn.Conv2d(3, 2, 1).eval()
+    contiguous = torch.zeros(2, 3, 4, 4)
+    channels_last = contiguous.contiguous(memory_format=torch.channels_last)
+    assert artifact_path(ROOT, model, "default", [contiguous]) != artifact_path(
+        ROOT, model, "default", [channels_last]
+    )
+
+
+def test_a_batch_of_one_gets_its_own_graph_and_the_larger_sizes_one_dynamic_graph() -> None:
+    inputs = precompile._inputs(_examples(8, 1, 4))
+    assert [tuple(i.args[0].shape) for i in inputs] == [(1, 3), (8, 3)]
+    # As preprocess makes a batch: not an inference tensor (the guards tell them apart).
+    assert not any(i.args[0].is_inference() for i in inputs)
+    assert 0 in getattr(inputs[1].args[0], "_dynamo_dynamic_indices", set())
+    assert not hasattr(inputs[0].args[0], "_dynamo_dynamic_indices")
+    only_larger = precompile._inputs(_examples(2, 4))
+    assert [tuple(i.args[0].shape) for i in only_larger] == [(4, 3)]
+
+
+def test_it_applies_to_eager_modules_with_examples_only() -> None:
+    assert precompilable(_mlp(), _examples(1))
+    assert not precompilable(_mlp(), [])  # no warm-up shape: nothing to compile ahead for
+    assert not precompilable(torch.jit.script(_mlp()), _examples(1))
+    assert not precompilable(lambda x: x, _examples(1))
+
+
+class _Graph:
+    """A saved graph as torch's dispatch sees it: a guard and a call."""
+
+    def __init__(self, accepts: int, answer: str) -> None:
+        self.accepts, self.answer = accepts, answer
+        self.seen: list[Any] = []
+
+    def guard_check(self, model: Any, batch: torch.Tensor) -> bool:
+        self.seen.append(model)
+        return batch.shape[0] == self.accepts
+
+    def __call__(self, model: Any, batch: torch.Tensor) -> str:
+        return self.answer
+
+
+class _Saved:
+    def __init__(self, *graphs: _Graph) -> None:
+        self.compiled_results = list(graphs)
+
+
+def test_a_call_goes_to_the_first_graph_whose_guards_accept_it_else_to_torch_compile() -> None:
+    model = _mlp()
+    one, many = _Graph(1, "graph for 1"), _Graph(4, "graph for 4")
+    fallback_calls: list[tuple[int, ...]] = []
+
+    def fallback(batch: torch.Tensor) -> str:
+        fallback_calls.append(tuple(batch.shape))
+        return "compiled as it runs"
+
+    forward = GuardedForward(model, _Saved(one, many), fallback)
+    assert forward(torch.zeros(1, 3)) == "graph for 1"
+    assert forward(torch.zeros(4, 3)) == "graph for 4"
+    assert forward(torch.zeros(3, 3)) == "compiled as it runs"
+    assert fallback_calls == [(3, 3)]
+    assert all(seen is model for seen in one.seen + many.seen)
+
+
+def test_a_model_the_capture_cannot_take_is_compiled_the_ordinary_way(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(precompile, "cache_root", lambda: tmp_path)
+
+    def graph_break(*_: Any) -> Any:
+        raise RuntimeError("Graph break in user code\nmore detail")
+
+    monkeypatch.setattr(precompile, "_compile", graph_break)
+    model = _mlp()
+    compiled = precompile.compile_once(model, "default", _examples(1))
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert not isinstance(compiled.forward, GuardedForward)
+    assert "cannot be compiled ahead of its first call (RuntimeError: Graph break" in caplog.text
+    assert not (tmp_path / precompile.FOLDER).exists()
+
+
+def test_a_saved_file_that_does_not_load_is_compiled_again_and_replaced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(precompile, "cache_root", lambda: tmp_path)
+    model, examples = _mlp(), _examples(1)
+    damaged = artifact_path(tmp_path, model, "default", examples)
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not a pickle")
+    compiled_again: list[bool] = []
+
+    class _Compiled:
+        forward: Any = _Saved(_Graph(1, "fresh"))
+
+        def _save_aot_compiled_module(self) -> bytes:
+            return b"fresh graphs"
+
+    def fresh(*_: Any) -> Any:
+        compiled_again.append(True)
+        return _Compiled()
+
+    monkeypatch.setattr(precompile, "_compile", fresh)
+    compiled = precompile.compile_once(model, "default", examples)
+    assert compiled_again == [True]
+    assert compiled.forward(torch.zeros(1, 3)) == "fresh"
+    assert "did not load" in caplog.text and str(damaged) in caplog.text
+    assert damaged.read_bytes() == b"fresh graphs"  # replaced whole
+    assert list(damaged.parent.iterdir()) == [damaged]  # no partial file left
+
+
+def test_compile_with_a_warm_up_shape_compiles_ahead_and_without_one_as_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def compile_once(model: Any, mode: str, examples: list[torch.Tensor]) -> str:
+        calls.append((mode, [tuple(e.shape) for e in examples]))
+        return "compiled once"
+
+    monkeypatch.setattr("ferry.handlers.builtin.optimize.compile_once", compile_once)
+    cpu = torch.device("cpu")
+    warmed = Optimizations.from_section(
+        parse_optimization(
+            {"compile": "default", "warmup": {"input_shape": [3], "batch_sizes": [1, 4, 4]}}
+        )
+    )
+    assert optimize_model(_mlp(), warmed, cpu) == "compiled once"
+    assert calls == [("default", [(1, 3), (4, 3)])]
+    bucketed = Optimizations.from_section(
+        parse_optimization(
+            {"compile": "default", "batch_buckets": [2, 8], "warmup": {"input_shape": [3]}}
+        )
+    )
+    optimize_model(_mlp(), bucketed, cpu)
+    assert calls[-1] == ("default", [(2, 3), (8, 3)])
+    plain = Optimizations.from_section(parse_optimization({"compile": "default"}))
+    unwarmed = optimize_model(_mlp(), plain, cpu)
+    assert isinstance(unwarmed, torch._dynamo.eval_frame.OptimizedModule)
+    assert len(calls) == 2
