@@ -6,6 +6,7 @@ The benchmarks' own copy: benchmarks do not import the test suite.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,10 +35,15 @@ class BenchmarkServer:
 
 @contextmanager
 def ferry_server(
-    store: Path, models: list[str], tmp: Path, *extra: str
+    store: Path,
+    models: list[str],
+    tmp: Path,
+    *extra: str,
+    environment: dict[str, str] | None = None,
 ) -> Iterator[BenchmarkServer]:
-    """Serve ``models`` (``name=archive`` specs) from ``store``; ``extra`` are serve flags.
-    Its ready file and log go to ``tmp``."""
+    """Serve ``models`` (``name=archive`` specs) from ``store``; ``extra`` are serve flags,
+    ``environment`` variables added to this process's. Its ready file and log go to
+    ``tmp``."""
     ready_file = tmp / f"ready-{time.monotonic_ns()}.json"
     log_path = ready_file.with_suffix(".log")
     loopback = "http://127.0.0.1:0"
@@ -52,7 +58,11 @@ def ferry_server(
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(environment or {})},
         )
     try:
         _wait_ready(process, ready_file, log_path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ferry.config.settings import ServerSettings
 from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService
+from ferry.tracing import tracing_for
 from ferry.wire.environment import USER_AFFINITY, user_pins_threads
 from ferry.worker_handles.core_allocation import CoreAllocator
 from ferry.worker_handles.handle import WorkerFactory
@@ -42,12 +43,14 @@ class Apis:
         pinned = pinned_cores(settings.cpu_pinning, cores)
         machine = Machine(cores, usable_gpus(settings.number_of_gpu), pinned)
         workers = in_process_workers() if in_process else local_workers(pinned)
-        return cls.over(FerryService(settings, workers, machine))
+        tracing = tracing_for(settings.enable_tracing)
+        return cls.over(FerryService(settings, workers, machine, tracing))
 
     async def close(self) -> None:
         """Workflows first (they free their files), then the service stops every worker."""
         await self.workflows.close()
         await self.service.close()
+        self.service.tracing.shutdown()  # the last spans exported
 
 
 def usable_gpus(limit: int | None) -> int:

@@ -19,7 +19,7 @@ PIP=("$VENV/bin/pip" install --quiet)
 case "$MODE" in
     dev)
         "${PIP[@]}" -r "$ROOT/requirements-dev.txt"
-        "${PIP[@]}" -e "$ROOT[bench,onnx,explain,grpc,ray]"
+        "${PIP[@]}" -e "$ROOT[bench,onnx,explain,grpc,ray,otel]"
         ;;
     runtime)
         # torch first and pinned, so that installing Ferry keeps this build of it.

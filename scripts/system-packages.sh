@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Debian packages the test suite uses beyond Python: HAProxy, the load balancer in front
-# of Ferry replicas in tests/e2e/test_load_balancer.py. Installs what is missing when this
-# runs as root with apt-get (CI, a container); otherwise says which tests will skip.
+# of Ferry replicas in tests/e2e/test_load_balancer.py, and Prometheus (with promtool),
+# which scrapes Ferry in tests/integration/test_prometheus.py. Installs what is missing
+# when this runs as root with apt-get (CI, a container); otherwise says which tests will
+# skip.
 # Never fails the build: the tests that need a package skip, naming it.
 set -uo pipefail
 
 missing=()
 command -v haproxy >/dev/null || missing+=(haproxy)
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 ((${#missing[@]} == 0)) && exit 0
 
 if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
@@ -17,4 +20,4 @@ if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
     fi
 fi
 echo "note: ${missing[*]} not installed (apt-get install ${missing[*]}):" \
-    "the load-balancer tests will skip" >&2
+    "the load-balancer or Prometheus tests will skip" >&2

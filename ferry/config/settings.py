@@ -280,6 +280,9 @@ class ServerSettings:
     the same cores."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""
+    enable_tracing: bool = False
+    """OpenTelemetry spans of every request and batch (``ferry.tracing``; the ``otel``
+    extra), configured by the ``OTEL_*`` environment variables."""
     log_level: str = "INFO"
     log_location: Path | None = None
     """Folder for TorchServe's log files (``ts_log.log``, ``access_log.log``,

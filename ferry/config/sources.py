@@ -305,6 +305,7 @@ OPTIONS = (
     Option("enable_envvars_config", "enable_envvars_config", _boolean, switch=True),
     Option("service_envelope", "service_envelope", _envelope),
     Option("log_format", "log_format", _choice("plain", "json")),
+    Option("enable_tracing", "enable_tracing", _boolean),
     Option("access_log", "access_log", _boolean),
     Option("cpu_pinning", "cpu_pinning", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -62,6 +62,8 @@ def log_access(
         "queue_ms": round(answer.queued_seconds * 1000, 3) if answer else None,
         "batch_size": answer.batch_size if answer else None,
     }
+    if answer is not None and answer.trace_ids is not None:
+        fields["trace_id"], fields["span_id"] = answer.trace_ids
     # Path, model and version are the client's: a newline in them would forge a line.
     text = escape_control(
         " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)

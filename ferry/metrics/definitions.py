@@ -110,6 +110,13 @@ class FerryMetrics:
             "counter",
             MODEL,
         )
+        self.request_outcomes = Family(
+            "ferry_requests_total",
+            "Inference requests by how they ended: ok, or the error's kind (WorkerDied, "
+            "DeadlineExceeded, HandlerFailed, Cancelled when the client went away, ...).",
+            "counter",
+            (*MODEL, "outcome"),
+        )
         self.requests_shed = Family(
             "ferry_requests_shed_total",
             "Requests answered DeadlineExceeded because their deadline could not be met.",
@@ -160,6 +167,12 @@ class FerryMetrics:
             "Memory its workers measured at their load, by device (host, cuda:N).",
             "gauge",
             (*MODEL, "device"),
+        )
+        self.trace_spans_dropped = Family(
+            "ferry_trace_spans_dropped_total",
+            "Spans dropped, the exporter being slow, failing or unreachable (enable_tracing).",
+            "counter",
+            (),
         )
         self.budget_exceeded = Family(
             "ferry_memory_budget_exceeded_total",
@@ -267,8 +280,10 @@ class FerryMetrics:
             self.model_resident,
             self.model_memory,
             self.budget_exceeded,
+            self.trace_spans_dropped,
             self.requests_abandoned,
             self.batch_dispatches,
+            self.request_outcomes,
             self.requests_shed,
             self.requests_delayed,
             self.responses,
@@ -436,6 +451,10 @@ class ModelMetrics:
         self._restarts = metrics.worker_restarts.counter(*self.labels)
         self._recycles = metrics.worker_recycles.counter(*self.labels)
         self._abandoned = metrics.requests_abandoned.counter(*self.labels)
+        # Present from the start (at 0), so a dashboard's rate of them is 0, not empty.
+        metrics.requests_shed.counter(*self.labels)
+        metrics.requests_delayed.counter(*self.labels)
+        self._outcomes = {"ok": metrics.request_outcomes.counter(*self.labels, "ok")}
         self._handler_children: dict[tuple[object, ...], Child] = {}
         self._queue_time = metrics.torchserve["QueueTime"].gauge(*metrics.host_labels)
         self._worker_thread_time = metrics.torchserve["WorkerThreadTime"].gauge(
@@ -450,6 +469,16 @@ class ModelMetrics:
             self._latency_us.inc(seconds * 1e6)
             self._queue_us.inc(queued_seconds * 1e6)
             self._request_seconds.observe(seconds)
+
+    def request_outcome(self, outcome: str) -> None:
+        """One more request that ended ``outcome`` (``ok``, or its error's kind)."""
+        if self.enabled:
+            counter = self._outcomes.get(outcome)
+            if counter is None:
+                counter = self._outcomes[outcome] = self.metrics.request_outcomes.counter(
+                    *self.labels, outcome
+                )
+            counter.inc()
 
     def dispatched(self, queued_seconds: Iterable[float], batch_size: int) -> None:
         if self.enabled:

@@ -38,6 +38,7 @@ from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
 from ferry.scheduling.sequences import SequenceBook
+from ferry.tracing import BatchTrace, trace_batch
 from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
@@ -171,6 +172,8 @@ class Exchange:
     abandoned_at: float | None = None
     """When the last of its requests lost its client: the worker has ``cancel_grace``
     from then to stop."""
+    trace: BatchTrace | None = None
+    """Its span, when any of its requests is traced."""
 
     def abandoned(self) -> bool:
         return self.abandoned_at is not None
@@ -295,6 +298,9 @@ class Dispatcher:
                 "%s worker pid %s broke the exchange; replacing it", self.name, worker.info.pid
             )
             error, lone_is_culprit = self._died(), True
+        for exchange in lane.pending:
+            if exchange.trace is not None:
+                exchange.trace.finish([], error)
         started, waiting = lane.started_and_waiting()
         self._isolate_or_fail(started, error, lone_is_culprit=lone_is_culprit)
         self._requeue_unstarted(waiting, error, lane.source)
@@ -486,7 +492,9 @@ class Dispatcher:
 
     async def _send(self, worker: WorkerHandle, jobs: list[Job], held: InFlight) -> Exchange:
         self._batch_ids += 1
-        batch = PredictBatch(self._batch_ids, [job.item for job in jobs])
+        trace = self._batch_trace(worker, jobs)
+        traceparent = trace.traceparent if trace is not None else ""
+        batch = PredictBatch(self._batch_ids, [job.item for job in jobs], traceparent)
         now = self._clock()
         for job in jobs:
             if job.attempts == 0:
@@ -494,10 +502,20 @@ class Dispatcher:
             job.attempts += 1
         held.add(jobs)
         self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
-        exchange = Exchange(batch, jobs, now + self.response_timeout, now)
+        exchange = Exchange(batch, jobs, now + self.response_timeout, now, trace=trace)
         # Bounded like the answer: a worker that stopped reading must not hold us forever.
         await asyncio.wait_for(worker.send(batch), self._remaining(exchange))
         return exchange
+
+    def _batch_trace(self, worker: WorkerHandle, jobs: list[Job]) -> BatchTrace | None:
+        """The batch's span, when any of its requests is traced; their queue spans end."""
+        traces = [job.trace for job in jobs if job.trace is not None]
+        if not traces:
+            return None
+        for trace in traces:
+            trace.dispatched()
+        details: dict[str, str | int] = {"pid": worker.info.pid or 0, "device": worker.info.device}
+        return trace_batch(self.name, self._batch_ids, traces, details)
 
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
         """The batch's result; parts its handler streamed first go to their jobs."""
@@ -570,6 +588,8 @@ class Dispatcher:
         """Answer the batch's requests (``workers_first``: the worker's first batch of its
         size, which the cost model weighs apart)."""
         jobs = exchange.jobs
+        if exchange.trace is not None:
+            exchange.trace.finish(result.stage_windows)
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         self.metrics.stages(result.stage_ms)
         round_trip_ms = (self._clock() - exchange.started_at) * 1000

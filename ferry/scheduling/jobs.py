@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ferry.errors import DeadlineExceeded, FerryError
+from ferry.tracing import RequestTrace
 from ferry.wire.messages import InputPart, RequestItem
 
 _request_ids = itertools.count(1)
@@ -36,6 +37,8 @@ class Prediction:
     queued_seconds: float = 0.0
     request_id: str = ""
     """The id the request ran under: the client's ``x-request-id`` or a generated one."""
+    trace_ids: tuple[str, str] | None = None
+    """Its trace and span ids (hex) when it is traced: the access log line carries them."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Job:
     missed its deadline under ``deadlineAction: delay``."""
     sequence_id: str | None = None
     """The stateful sequence it belongs to (``ferry.scheduling.sequences``), if any."""
+    trace: RequestTrace | None = None
+    """Its span when it is traced (``ferry.tracing``)."""
 
     def expire(self) -> None:
         """The deadline passed: answer now unless a worker already has the request."""

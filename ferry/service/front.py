@@ -41,6 +41,7 @@ from ferry.service.types import (
     RegisterRequest,
     Registration,
 )
+from ferry.tracing import NO_TRACING, Tracing
 from ferry.worker_handles.handle import WorkerFactory
 
 OnHangUp = Callable[[Callable[[], None]], None]
@@ -55,10 +56,13 @@ class FerryService:
         settings: ServerSettings,
         start_worker: WorkerFactory,
         machine: Machine | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         """``machine``: what the composition root (``ferry.apis``) found the workers may
-        use; by default every core this process may run on, and no GPU."""
+        use; by default every core this process may run on, and no GPU. ``tracing``: the
+        requests' spans (``ferry.tracing``; off by default)."""
         self.settings = settings
+        self.tracing = tracing
         self.metrics = FerryMetrics(
             enabled=settings.enable_metrics_api,
             max_handler_series=settings.max_handler_metric_series,
@@ -133,6 +137,7 @@ class FerryService:
         budget = runner.client_budget(deadline_budget(headers))  # bad headers: before the id
         priority = request_priority(headers)
         request_id = self._request_ids.choose(headers.get("x-request-id", ""))
+        trace = self.tracing.request(runner.name, runner.version, request_id, headers)
         headers = {**headers, "explain": "True"} if explain else headers
         joined: list[bytes] = []
         sink, limit = self._part_sink(on_part, joined), self.settings.max_response_size
@@ -140,9 +145,12 @@ class FerryService:
             job = runner.enqueue(
                 request_id, headers, parts, sink, priority, budget, alone=explain, envelope=envelope
             )
-        except BaseException:
+        except BaseException as error:
             self._request_ids.release(request_id)
+            if trace is not None:
+                trace.end(error, {})
             raise
+        job.trace = trace  # before the dispatcher, which runs after this returns, sees it
         pending = PendingPrediction(job, joined, limit, runner.metrics, self._request_ids.release)
         if on_hang_up is not None:
             on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
@@ -275,6 +283,8 @@ class FerryService:
         return queries.metadata(self.registry, name, version)
 
     def metrics_exposition(self) -> str:
+        if self.tracing.enabled:
+            self.metrics.trace_spans_dropped.counter().value = self.tracing.dropped_spans
         return queries.metrics_exposition(self.registry, self.metrics, self.models.machine.gpus)
 
     async def close(self) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from ferry.errors import DeadlineExceeded, ResponseTooLarge
+from ferry.errors import DeadlineExceeded, FerryError, ResponseTooLarge
 from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.jobs import Job, Prediction
@@ -67,6 +67,8 @@ class PendingPrediction:
                 f"response of {len(body)} bytes exceeds max_response_size {self._max_response_size}"
             )
         sequence = self.job.sequence_id
+        if self.job.trace is not None:
+            answer = dataclasses.replace(answer, trace_ids=self.job.trace.ids)
         if sequence is not None and SEQUENCE_ID_HEADER not in answer.headers:
             headers = {**answer.headers, SEQUENCE_ID_HEADER: sequence}
             return dataclasses.replace(answer, body=body, headers=headers)
@@ -76,5 +78,30 @@ class PendingPrediction:
         self._release(self.job.item.request_id)
         job = self.job
         self._metrics.request_done(time.monotonic() - job.enqueued_at, job.queued_seconds)
-        if not future.cancelled() and isinstance(future.exception(), DeadlineExceeded):
+        error = _error_of(future)
+        self._metrics.request_outcome("ok" if error is None else _outcome(error))
+        if isinstance(error, DeadlineExceeded):
             self._metrics.shed(1)
+        if job.trace is not None:
+            answer = None if error is not None else future.result()
+            attributes: dict[str, str | int | float] = {"ferry.queue_ms": job.queued_seconds * 1000}
+            if answer is not None:
+                attributes["ferry.batch.size"] = answer.batch_size
+                attributes["ferry.status"] = answer.status
+            job.trace.end(error, attributes)
+
+
+def _outcome(error: BaseException) -> str:
+    """A failed request's outcome label: its error's kind (a bounded set: Ferry's errors,
+    ``Cancelled`` when its transport gave up on it, ``Error`` for anything else)."""
+    if isinstance(error, asyncio.CancelledError):
+        return "Cancelled"
+    return type(error).__name__ if isinstance(error, FerryError) else "Error"
+
+
+def _error_of(future: asyncio.Future[Prediction]) -> BaseException | None:
+    """What the request failed with: its error, ``CancelledError`` when the transport gave
+    up on it, None when answered."""
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception()

@@ -19,6 +19,7 @@ from ferry.wire.messages import (
     PartialResult,
     PredictBatch,
     RequestItem,
+    StageWindow,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
@@ -45,14 +46,16 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
             ]
             for item in message.items
         ]
-        return _PREDICT, [message.batch_id, items]
+        return _PREDICT, [message.batch_id, items, message.traceparent]
     if isinstance(message, BatchResult):
         results = [
             [r.request_id, r.body, r.content_type, r.status, r.headers, r.error_kind, r.message]
             for r in message.results
         ]
         metrics = [[m.name, m.value, m.unit, m.kind, m.dimensions] for m in message.metrics]
-        return _RESULT, [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
+        windows = [[w.stage, w.start_ns, w.end_ns] for w in message.stage_windows]
+        fields = [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
+        return _RESULT, [*fields, windows]
     if isinstance(message, PartialResult):
         m = message
         return _PARTIAL, [m.batch_id, m.request_id, m.body, m.content_type, m.status]
@@ -90,24 +93,26 @@ def decode(payload: bytes) -> Message:
 
 
 def _predict_batch(fields: list[Any]) -> PredictBatch:
-    batch_id, items = fields
+    batch_id, items, traceparent = fields
     return PredictBatch(
         batch_id,
         [
             RequestItem(rid, headers, [InputPart(*part) for part in parts], envelope)
             for rid, headers, parts, envelope in items
         ],
+        traceparent,
     )
 
 
 def _batch_result(fields: list[Any]) -> BatchResult:
-    batch_id, results, handler_ms, metrics, stage_ms = fields
+    batch_id, results, handler_ms, metrics, stage_ms, windows = fields
     return BatchResult(
         batch_id,
         [ItemResult(*r) for r in results],
         handler_ms,
         [HandlerMetricValue(*m) for m in metrics],
         stage_ms,
+        [StageWindow(*window) for window in windows],
     )
 
 

@@ -9,8 +9,9 @@ written as ``MARKER`` followed by compact JSON on a single line::
 
 ``exc`` is the formatted traceback (or null); ``request_id`` is the id of the request the
 worker was running when the record was made, a list of ids for a batch, or null outside
-a batch. A line is capped below the relay's line limit: a huge message is shortened
-first, then the traceback (its head goes; the tail names the error), then the message.
+a batch; ``trace``, present when the batch is traced, its span's W3C ``traceparent``. A
+line is capped below the relay's line limit: a huge message is shortened first, then the
+traceback (its head goes; the tail names the error), then the message.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextvars
 import json
 import logging
 import math
+import re
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -46,6 +48,27 @@ _request_ids: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 _source: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "ferry_log_source", default=None
 )
+
+_trace: contextvars.ContextVar[str] = contextvars.ContextVar("ferry_log_trace", default="")
+
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+
+@contextmanager
+def trace(traceparent: str) -> Iterator[None]:
+    """Records made inside the block carry the batch span's ``traceparent`` (none when
+    it is "")."""
+    token = _trace.set(traceparent)
+    try:
+        yield
+    finally:
+        _trace.reset(token)
+
+
+def trace_ids(traceparent: str | None) -> tuple[str, str] | None:
+    """The trace and span ids a W3C ``traceparent`` names; None if it is not one."""
+    matched = TRACEPARENT.fullmatch(traceparent or "")
+    return (matched.group(1), matched.group(2)) if matched else None
 
 
 @contextmanager
@@ -88,6 +111,8 @@ class ForwardedRecord:
     request_id: RequestIds
     source: str | None = None
     """Which model of a process hosting several made it (``source``)."""
+    trace: str | None = None
+    """The traced batch's span it was made in (``traceparent``)."""
 
 
 class ForwardFormatter(logging.Formatter):
@@ -105,6 +130,8 @@ class ForwardFormatter(logging.Formatter):
         }
         if (label := _source.get()) is not None:
             document["source"] = label
+        if traceparent := _trace.get():
+            document["trace"] = traceparent
         return MARKER + _fit(document)
 
     def _exception_text(self, record: logging.LogRecord) -> str | None:
@@ -159,7 +186,9 @@ def parse_forwarded(line: str) -> ForwardedRecord | None:
         return None
     if label is not None and not isinstance(label, str):
         return None
-    return ForwardedRecord(levelno, logger, message, exc, ids, label)
+    traced = document.get("trace")
+    traced = traced if isinstance(traced, str) and trace_ids(traced) else None
+    return ForwardedRecord(levelno, logger, message, exc, ids, label, traced)
 
 
 def _is_str_list(value: object) -> bool:

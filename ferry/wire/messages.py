@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
-5: each ``RequestItem`` carries the request envelope its protocol is read with."""
+5: each ``RequestItem`` carries the request envelope its protocol is read with.
+6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows."""
 
 
 DEVICE_FAILED_EXIT = 70
@@ -51,6 +52,19 @@ class RequestItem:
 class PredictBatch:
     batch_id: int
     items: list[RequestItem]
+    traceparent: str = ""
+    """The batch span's W3C ``traceparent`` when it is traced (``ferry.tracing``): the
+    worker's log records of the batch name its trace and span."""
+
+
+@dataclass(frozen=True)
+class StageWindow:
+    """When a handler stage of a batch ran, in the worker's wall clock (nanoseconds since
+    the epoch): the span a trace draws for it."""
+
+    stage: str
+    start_ns: int
+    end_ns: int
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ class BatchResult:
     metrics: list[HandlerMetricValue] = field(default_factory=list)
     stage_ms: dict[str, float] = field(default_factory=dict)
     """Handler stages timed in the worker; ``handle`` alone for handlers without stages."""
+    stage_windows: list[StageWindow] = field(default_factory=list)
+    """Each call of each stage, in order (the whole batch as ``handle`` without stages)."""
 
 
 @dataclass(frozen=True)

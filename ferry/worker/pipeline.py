@@ -181,12 +181,12 @@ class StagePipeline:
     def _inference(self, tensor: Any, context: Context) -> Any:
         """The handler's output for one preprocessed micro-batch, its time added to
         ``context``."""
-        start = time.perf_counter()
+        started_ns, start = time.time_ns(), time.perf_counter()
         # Woken by a preprocess thread, perhaps on another core. While seeking,
         # no stage thread works now: the inference's new threads are the helpers.
         with handler_thread_work():
             output = self.handler.inference(tensor)
-        context.add_stage_time("inference", (time.perf_counter() - start) * 1000)
+        context.add_stage_time("inference", (time.perf_counter() - start) * 1000, started_ns)
         return output
 
     def _start_postprocess(self, output: Any) -> Future[Processed]:

@@ -17,7 +17,7 @@ from ferry.errors import InvalidInput
 from ferry.handlers.contract.context import Context, IntermediateResponse
 from ferry.handlers.contract.exceptions import PredictionException, RequestCancelled
 from ferry.handlers.contract.loader import EntryPoint
-from ferry.wire.log_forward import request_ids
+from ferry.wire.log_forward import request_ids, trace
 from ferry.wire.messages import (
     BatchResult,
     HandlerMetricValue,
@@ -25,6 +25,7 @@ from ferry.wire.messages import (
     PartialResult,
     PredictBatch,
     RequestItem,
+    StageWindow,
 )
 from ferry.worker.device_failure import unrecoverable_device_error
 from ferry.worker.payloads import encode_output, request_row
@@ -68,14 +69,19 @@ class BatchRunner:
         """Requests of the current batch that have sent a part: never run twice."""
         self._stage_ms: dict[str, float] = {}
         """The handler's stage times over every call of the current batch."""
+        self._windows: list[StageWindow] = []
+        """When each of those stage calls ran."""
+        self._traceparent = ""
+        """The current batch's span, when it is traced."""
 
     def run(
         self, batch: PredictBatch, is_cancelled: Callable[[int, str], bool] | None = None
     ) -> BatchResult:
         """Every request of ``batch`` answered; ``is_cancelled(batch_id, request_id)``
         tells which lost their client meanwhile (``Context.send_intermediate``)."""
-        start = time.perf_counter()
-        self._streamed, self._stage_ms = set(), {}
+        started_ns, start = time.time_ns(), time.perf_counter()
+        self._streamed, self._stage_ms, self._windows = set(), {}, []
+        self._traceparent = batch.traceparent
         if self.send_partial is not None:
             send, batch_id = self.send_partial, batch.batch_id
             cancelled = None
@@ -90,7 +96,10 @@ class BatchRunner:
             for m in self.context.metrics.drain()
         ]
         stages = self._stage_ms or {"handle": elapsed_ms}
-        return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages)
+        windows = self._windows or [
+            StageWindow("handle", started_ns, started_ns + int(elapsed_ms * 1_000_000))
+        ]
+        return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages, windows)
 
     def failed(self, batch: PredictBatch, exc: Exception) -> BatchResult:
         """The answer for a batch whose own answer could not be sent: every request
@@ -160,6 +169,7 @@ class BatchRunner:
         finally:
             for stage, ms in self.context.stage_ms.items():
                 self._stage_ms[stage] = self._stage_ms.get(stage, 0.0) + ms
+            self._windows += [StageWindow(*window) for window in self.context.stage_windows]
 
     def _call_handler(
         self, entry: EntryPoint, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
@@ -167,7 +177,8 @@ class BatchRunner:
         """``entry`` over the rows of ``items``, requests that name the same envelope."""
         ids = [i.request_id for i in items]
         self.context.start_batch(ids, [i.headers for i in items])
-        with request_ids(ids):  # the handler's log records, and ours, name these requests
+        # The handler's log records, and ours, name these requests (and the batch's span).
+        with request_ids(ids), trace(self._traceparent):
             try:
                 outputs = self._invoke(entry, rows)
             except RequestCancelled as exc:

@@ -6,7 +6,8 @@ worker's prefix (``[model worker pid N]``):
 - a log record the worker forwarded (``log_forward.MARKER`` lines) becomes one record at
   the worker's level, its message ``PREFIX LOGGER: MESSAGE``, its traceback as the
   record's exception text, and the fields ``worker_logger``, ``request_id`` (one id, or a
-  list for a batch) and ``exception`` for ``--log-format json``;
+  list for a batch), ``trace_id`` and ``span_id`` (a traced batch's span) and ``exception``
+  for ``--log-format json``;
 - anything else (``print``, ``warnings``, a malformed marker line) stays plain text at INFO.
 
 A handler's text is relayed as written (``ferry.log_escape.Verbatim``): its multi-line
@@ -21,7 +22,7 @@ import logging
 from typing import Any
 
 from ferry.log_escape import Verbatim
-from ferry.wire.log_forward import ForwardedRecord, parse_forwarded
+from ferry.wire.log_forward import ForwardedRecord, parse_forwarded, trace_ids
 
 OUTPUT_LOGGER = "ferry.worker.output"
 
@@ -53,6 +54,9 @@ def _record(output: logging.Logger, prefix: str, forwarded: ForwardedRecord) -> 
     fields: dict[str, Any] = {"worker_logger": forwarded.logger}
     if forwarded.request_id is not None:
         fields["request_id"] = forwarded.request_id
+    ids = trace_ids(forwarded.trace)
+    if ids is not None:
+        fields["trace_id"], fields["span_id"] = ids
     if forwarded.exc is not None:
         # JsonFormatter reads exc_info, which a relayed record cannot have: name it here.
         fields["exception"] = forwarded.exc

@@ -226,7 +226,9 @@ class WorkflowManager:
             answer = await self.service.predict(model, None, inputs, sent)
             return answer.body
 
-        return await run_workflow(workflow.spec, parts, headers, predict_node)
+        # One trace across the nodes: each node's request is a child of the workflow's span.
+        with self.service.tracing.span(f"workflow {name}", headers) as traced:
+            return await run_workflow(workflow.spec, parts, traced, predict_node)
 
     async def close(self) -> None:
         """Free every workflow's unpacked files (the service stops the node models)."""

@@ -14,6 +14,7 @@ from ferry.wire.messages import (
     PartialResult,
     PredictBatch,
     RequestItem,
+    StageWindow,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
@@ -27,6 +28,8 @@ MESSAGES = [
             # The envelope its protocol is read with (KServe V1 here) travels with it.
             RequestItem("r2", {}, [InputPart("body", "application/json", b"{}")], "kserve"),
         ],
+        # The batch span's context, when it is traced.
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     ),
     BatchResult(
         7,
@@ -36,6 +39,8 @@ MESSAGES = [
         ],
         1.5,
         [HandlerMetricValue("HandlerTime", 3.5, "ms", "time", {"Level": "Model"})],
+        {"preprocess": 1.0, "inference": 0.5},
+        [StageWindow("preprocess", 10**18, 10**18 + 10**6), StageWindow("inference", 5, 6)],
     ),
     PartialResult(7, "r1", b"part", "text/plain", 200),
     CancelRequests(7, ["r1", "r2"]),

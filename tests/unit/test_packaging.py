@@ -36,6 +36,7 @@ DISTRIBUTION_OF = {
     "matplotlib": "matplotlib",
     "grpc": "grpcio",
     "ray": "ray",
+    "opentelemetry": "opentelemetry-sdk",  # its api, sdk and exporters: the otel extra
     "google": "protobuf",  # google.protobuf; google.rpc comes with googleapis-common-protos
 }
 """Import name -> the distribution that provides it (they differ: ``yaml`` is ``pyyaml``)."""
@@ -50,9 +51,9 @@ OPTIONAL_MODULES = {
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 
-NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/", "ray_serve/")
-"""``ferry bench``, the gRPC APIs and ``--ray`` have their own extras; the TorchServe shim only
-re-exports Ferry's handlers."""
+NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/", "ray_serve/", "tracing/otel.py")
+"""``ferry bench``, the gRPC APIs, ``--ray`` and ``enable_tracing`` have their own extras; the
+TorchServe shim only re-exports Ferry's handlers."""
 
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -156,6 +157,11 @@ def test_ray_serve_imports_only_base_and_ray_dependencies() -> None:
     base, extras = _declared()
     ray_code = sorted((PACKAGE / "ray_serve").rglob("*.py"))
     assert _undeclared(ray_code, base | extras["ray"]) == []
+
+
+def test_tracing_imports_only_base_and_otel_dependencies() -> None:
+    base, extras = _declared()
+    assert _undeclared([PACKAGE / "tracing" / "otel.py"], base | extras["otel"]) == []
 
 
 def test_the_base_install_is_lean() -> None:

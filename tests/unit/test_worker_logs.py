@@ -199,3 +199,46 @@ def test_parse_rejects_what_is_not_a_forwarded_record() -> None:
     assert parse_forwarded(MARKER + json.dumps({"levelno": 20, "logger": "x"})) is None
     record = {"levelno": 20, "logger": "x", "message": "m", "request_id": [1]}
     assert parse_forwarded(MARKER + json.dumps(record)) is None
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_traced_batchs_records_carry_its_span_to_the_frontends_fields(
+    collected: list[logging.LogRecord],
+) -> None:
+    """The worker names the batch span the frontend sent; the relay gives its trace and
+    span ids as fields (``--log-format json`` prints them)."""
+
+    def entry(rows: list[Any], context: Context) -> list[Any]:
+        logging.getLogger("handler.mod").warning("looking at %d rows", len(rows))
+        return ["ok"] * len(rows)
+
+    runner = BatchRunner(entry, Context("m", ".", {}, 2, None))
+    stderr = io.StringIO()
+    handler = logging.StreamHandler(stderr)
+    handler.setFormatter(ForwardFormatter())
+    logger = logging.getLogger("handler.mod")
+    logger.addHandler(handler)
+    try:
+        runner.run(PredictBatch(1, [RequestItem("r1", {}, [])], TRACEPARENT))
+        runner.run(PredictBatch(2, [RequestItem("r2", {}, [])]))  # untraced
+    finally:
+        logger.removeHandler(handler)
+    lines = stderr.getvalue().split("\n")[:-1]
+    assert [_forwarded(line).get("trace") for line in lines] == [TRACEPARENT, None]
+    _relay(lines)
+    traced, untraced = (record.fields for record in collected)  # type: ignore[attr-defined]
+    assert (traced["trace_id"], traced["span_id"]) == (
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "00f067aa0ba902b7",
+    )
+    assert "trace_id" not in untraced
+
+
+def test_a_malformed_trace_is_not_relayed() -> None:
+    line = ForwardFormatter().format(_record(logging.INFO, "x"))
+    document = _forwarded(line)
+    document["trace"] = "00-not-a-trace\nforged=1"
+    forged = parse_forwarded(MARKER + json.dumps(document))
+    assert forged is not None and forged.trace is None

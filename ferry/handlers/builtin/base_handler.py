@@ -294,12 +294,12 @@ def _on_device_for_inference(model: Any, device: torch.device | None) -> Any:
 
 
 def timed_stage(context: Context, stage: str, function: Any, argument: Any) -> Any:
-    """Run one handler stage and add its time to ``context.stage_ms``."""
-    start = time.perf_counter()
+    """Run one handler stage and add its time (and when it began) to the context."""
+    started_ns, start = time.time_ns(), time.perf_counter()
     try:
         return function(argument)
     finally:
-        context.add_stage_time(stage, (time.perf_counter() - start) * 1000)
+        context.add_stage_time(stage, (time.perf_counter() - start) * 1000, started_ns)
 
 
 def _torchserve_aot_compile(handler: BaseHandler) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,8 @@ class Context:
         self.request_ids: dict[int, str] = {}
         self.stage_ms: dict[str, float] = {}
         """Time per handler stage in the current batch (preprocess, inference, postprocess)."""
+        self.stage_windows: list[tuple[str, int, int]] = []
+        """Each stage call of the current batch: its name, start and end (wall clock, ns)."""
         self.request_processor: list[RequestProcessor] = []
         self.metrics = metrics if metrics is not None else HandlerMetrics(model_name, model_metrics)
         """The handler's metrics: ``model_metrics`` (the server's metrics_config, TorchServe's
@@ -161,10 +164,16 @@ class Context:
         """Reset per-request state for the next batch (called by the worker)."""
         self.request_ids = dict(enumerate(request_ids))
         self.stage_ms = {}
+        self.stage_windows = []
         self.request_processor = [RequestProcessor(h) for h in headers]
 
-    def add_stage_time(self, stage: str, ms: float) -> None:
+    def add_stage_time(self, stage: str, ms: float, started_ns: int | None = None) -> None:
+        """``ms`` more in ``stage``; ``started_ns`` (``time.time_ns()``) when it began, else
+        it is taken to have ended now."""
         self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + ms
+        duration_ns = int(ms * 1_000_000)
+        start = started_ns if started_ns is not None else time.time_ns() - duration_ns
+        self.stage_windows.append((stage, start, start + duration_ns))
 
     def get_request_id(self, idx: int = 0) -> str | None:
         return self.request_ids.get(idx)

@@ -1,0 +1,61 @@
+"""A stand-in for an OpenTelemetry collector in benchmarks: an OTLP/HTTP traces endpoint
+on a free port that decodes each export request, counts its spans and answers success.
+
+    python benchmarks/otlp_sink.py READY_FILE COUNTS_FILE
+
+Writes ``{"url": ...}`` to READY_FILE once it listens, and ``{"spans": N}`` to COUNTS_FILE
+after each export; stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ready", type=Path, help='written {"url": ...} once it listens')
+    parser.add_argument("counts", type=Path, help='written {"spans": N} after each export')
+    args = parser.parse_args()
+    ready, counts = args.ready, args.counts
+    received = {"spans": 0}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            spans = sum(
+                len(scope.spans)
+                for resource in request.resource_spans
+                for scope in resource.scope_spans
+            )
+            with lock:
+                received["spans"] += spans
+                counts.write_text(json.dumps(received))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    ready.write_text(json.dumps({"url": f"http://127.0.0.1:{server.server_address[1]}"}))
+    server.serve_forever()
+    server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""What tracing costs: the same server with ``enable_tracing`` off, on with every request
+sampled, and on with 10% sampled (spans exported over OTLP/HTTP to a collector stand-in in
+a process of its own), side by side in one run.
+
+    python benchmarks/tracing_overhead.py [--rounds 4] [--seconds 8]
+
+Three servers from this tree, started together, one worker each: the no-op handler (the
+server's own cost per request) and ResNet-18 (TorchScript, the built-in image_classifier,
+224x224 JPEGs), batches of up to 8 within 5 ms (no-op) / 10 ms (ResNet-18), 16 clients,
+closed loop. Rounds alternate which server goes first; medians and ratios go to
+``benchmarks/results/tracing_overhead.md`` with the spans the collector received and the
+spans the server dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+
+import httpx
+
+from benchmarks.common import (
+    ROOT,
+    jpeg_inputs,
+    machine_description,
+    noop_archive,
+    publish,
+    resnet18_archive,
+)
+from benchmarks.server import ferry_server
+from ferry.bench.load import LoadSpec, run_load
+
+SINK = Path(__file__).with_name("otlp_sink.py")
+CLIENTS = 16
+SERVERS = ("tracing off", "tracing on", "tracing on, 10% sampled")
+
+
+@contextlib.contextmanager
+def collector(work: Path) -> Iterator[tuple[str, Path]]:
+    """The OTLP/HTTP stand-in (``otlp_sink.py``): its URL and the file it counts into."""
+    ready, counts = work / "sink.json", work / "sink-counts.json"
+    process = subprocess.Popen([sys.executable, str(SINK), str(ready), str(counts)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the OTLP sink did not start")
+            time.sleep(0.05)  # polling the file the sink writes once it listens
+        yield json.loads(ready.read_text())["url"], counts
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def throughput(url: str, payloads: list[bytes], seconds: float) -> float:
+    asyncio.run(run_load(LoadSpec(url, payloads, concurrency=CLIENTS, requests=4 * CLIENTS)))
+    result = asyncio.run(run_load(LoadSpec(url, payloads, concurrency=CLIENTS, duration=seconds)))
+    if result.failed:
+        raise RuntimeError(f"{result.failed} requests to {url} failed")
+    return result.throughput
+
+
+def dropped_spans(metrics_url: str) -> float:
+    text = httpx.get(f"{metrics_url}/metrics", timeout=60).text
+    for line in text.splitlines():
+        if line.startswith("ferry_trace_spans_dropped_total"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def measure(rounds: int, seconds: float) -> tuple[dict[str, list[float]], dict[str, float]]:
+    figures: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        work = Path(tmp)
+        store = work / "store"
+        noop_archive(store, 8)
+        resnet18_archive(store, 8, 10)
+        sink_url, counts = stack.enter_context(collector(work))
+        traced = {
+            "FERRY_ENABLE_TRACING": "true",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
+        }
+        sampled = {
+            **traced,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+        }
+        environments = {"tracing off": {}, "tracing on": traced, SERVERS[2]: sampled}
+        models = ["noop=noop.mar", "resnet18=resnet18.mar"]
+        servers = {
+            name: stack.enter_context(
+                ferry_server(store, models, work, environment=environments[name])
+            )
+            for name in SERVERS
+        }
+        payloads = {"noop": [b"x"], "resnet18": jpeg_inputs(16, 224)}
+        for index in range(rounds):
+            shift = index % len(SERVERS)  # each server goes first in turn
+            order = list(SERVERS[shift:] + SERVERS[:shift])
+            for model in payloads:
+                for name in order:
+                    url = f"{servers[name].url}/predictions/{model}"
+                    rate = throughput(url, payloads[model], seconds)
+                    figures.setdefault(f"{model} | {name}", []).append(rate)
+                    print(f"round {index + 1} {model} {name}: {rate:.1f} req/s", flush=True)
+        time.sleep(2)  # the last spans' export interval (1 s) passing, for the counts below
+        spans = {
+            "dropped": sum(dropped_spans(servers[name].metrics_url) for name in SERVERS[1:]),
+            "received": float(json.loads(counts.read_text())["spans"]) if counts.exists() else 0,
+        }
+    return figures, spans
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    figures, spans = measure(args.rounds, args.seconds)
+    rows = []
+    for model, label in (("noop", "no-op"), ("resnet18", "ResNet-18")):
+        off = statistics.median(figures[f"{model} | tracing off"])
+        on = statistics.median(figures[f"{model} | tracing on"])
+        sampled = statistics.median(figures[f"{model} | {SERVERS[2]}"])
+        rounds = ", ".join(f"{r:.0f}" for r in figures[f"{model} | tracing on"])
+        rows.append(
+            f"| {label} | {off:.1f} | {on:.1f} | {on / off:.3f} | {sampled:.1f} | "
+            f"{sampled / off:.3f} | {rounds} |"
+        )
+    publish(
+        ROOT / "benchmarks" / "results" / "tracing_overhead.md",
+        [
+            "# What tracing costs",
+            "",
+            f"Machine: {machine_description()}; servers, collector stand-in and load "
+            "generator share its cores.",
+            f"Command: `python benchmarks/tracing_overhead.py --rounds {args.rounds} "
+            f"--seconds {args.seconds:g}`: three servers of this tree, `enable_tracing` off, "
+            "on with every request sampled, and on with 10% sampled "
+            "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`); "
+            "OTLP over HTTP to `benchmarks/otlp_sink.py`, which decodes and counts; "
+            f"{CLIENTS} clients, closed loop, each server going first in turn, medians.",
+            "",
+            "| model | off (req/s) | on, every request (req/s) | on / off | on, 10% sampled "
+            "(req/s) | sampled / off | on, per round |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Spans the collector received from the two traced servers: "
+            f"{spans['received']:.0f}; spans they dropped "
+            f"(`ferry_trace_spans_dropped_total`): {spans['dropped']:.0f}.",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

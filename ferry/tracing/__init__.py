@@ -1,0 +1,129 @@
+"""Traces of where a request's time went, as OpenTelemetry spans (off by default).
+
+With ``enable_tracing=true`` every request gets a span from the moment the service takes
+it to its answer, the child of the client's W3C ``traceparent`` (any API: HTTP headers
+and gRPC metadata reach the service as the request's headers), with a child span for its
+wait in the queue. Each batch gets a span, with a child per handler stage timed in the
+worker (preprocess, inference, postprocess; ``handle`` for a handler without stages),
+their times as the worker measured them. A batch and the requests it served point at
+each other: the batch span links every request span, each request span links the batch
+span (it lives in the trace of the first sampled request it served). Only the server
+process exports: workers report their stage times with the batch's answer, so no worker
+opens a connection of its own.
+
+Off, nothing here imports OpenTelemetry and ``Tracing.request`` returns None: a request
+carries no trace, and the scheduler's only cost is checking that.
+
+``ferry.tracing.otel`` builds the tracer from the settings and the ``OTEL_*`` environment
+variables; the rest of Ferry sees only ``Tracing``, ``RequestTrace`` and ``BatchTrace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from ferry.errors import ConfigError
+from ferry.wire.messages import StageWindow
+
+INSTALL_HINT = "pip install 'ferry-serve[otel]'"
+
+
+class BatchTrace(Protocol):
+    """A batch's span, from its dispatch to a worker until its answer or failure."""
+
+    @property
+    def traceparent(self) -> str:
+        """The batch span's W3C ``traceparent``: the worker's log records of the batch
+        name its trace and span."""
+        ...
+
+    def finish(self, windows: Sequence[StageWindow], error: BaseException | None = None) -> None:
+        """End it: a child span per stage window, then the batch span itself (an error
+        status with ``error``)."""
+        ...
+
+
+class RequestTrace(Protocol):
+    """One request's span, from the service taking it to its answer."""
+
+    @property
+    def tracing(self) -> Tracing:
+        """What traced it (and traces the batches it joins)."""
+        ...
+
+    @property
+    def ids(self) -> tuple[str, str]:
+        """Its trace id and span id, in hex: the access log line carries them."""
+        ...
+
+    def dispatched(self) -> None:
+        """It left the queue for a worker: its queue span ends (the first time only)."""
+        ...
+
+    def end(self, error: BaseException | None, attributes: dict[str, str | int | float]) -> None:
+        """Its answer: the span ends, with ``error``'s type as its status if it failed."""
+        ...
+
+
+class Tracing:
+    """Tracing off: no request gets a trace."""
+
+    enabled = False
+
+    def request(
+        self, model: str, version: str, request_id: str, headers: dict[str, str]
+    ) -> RequestTrace | None:
+        """A trace for a request the service takes (None when off, or not sampled in)."""
+        return None
+
+    def batch(
+        self,
+        model: str,
+        batch_id: int,
+        requests: Sequence[RequestTrace],
+        worker: dict[str, str | int],
+    ) -> BatchTrace | None:
+        """A span for a batch of traced requests, linked to theirs (None when off)."""
+        return None
+
+    @contextlib.contextmanager
+    def span(self, name: str, headers: dict[str, str]) -> Iterator[dict[str, str]]:
+        """A span around a request made of requests (a workflow's run), the child of the
+        client's ``traceparent``: yields the headers to send its parts, naming it as their
+        parent (``headers`` themselves when off)."""
+        yield headers
+
+    def shutdown(self) -> None:
+        """Export what is left (at the server's exit)."""
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans the exporter lost (its queue full, or its export failed)."""
+        return 0
+
+
+NO_TRACING = Tracing()
+
+
+def trace_batch(
+    model: str, batch_id: int, requests: Sequence[RequestTrace], worker: dict[str, str | int]
+) -> BatchTrace | None:
+    """A span for a batch whose ``requests`` are traced (one at least), by what traced them."""
+    return requests[0].tracing.batch(model, batch_id, requests, worker)
+
+
+def tracing_for(enabled: bool) -> Tracing:
+    """Ferry's tracing: off, or OpenTelemetry's as the ``OTEL_*`` variables configure it.
+    Raises ``ConfigError`` naming the extra when its packages are missing."""
+    if not enabled:
+        return NO_TRACING
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        raise ConfigError(
+            f"enable_tracing needs opentelemetry-sdk, which is not installed: {INSTALL_HINT}"
+        )
+    from ferry.tracing.otel import exporter_from_environment, otel_tracing
+
+    return otel_tracing(exporter_from_environment())
