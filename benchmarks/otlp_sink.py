@@ -1,7 +1,8 @@
-"""A stand-in for an OpenTelemetry collector in benchmarks: an OTLP/HTTP traces endpoint
-on a free port that decodes each export request, counts its spans and answers success.
+"""A stand-in for an OpenTelemetry collector in benchmarks: an OTLP traces endpoint (HTTP,
+or gRPC with ``--grpc``) on a free port that decodes each export request, counts its spans
+and answers success.
 
-    python benchmarks/otlp_sink.py READY_FILE COUNTS_FILE
+    python benchmarks/otlp_sink.py [--grpc] READY_FILE COUNTS_FILE
 
 Writes ``{"url": ...}`` to READY_FILE once it listens, and ``{"spans": N}`` to COUNTS_FILE
 after each export; stops on SIGTERM.
@@ -13,6 +14,7 @@ import argparse
 import json
 import signal
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,24 +26,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ready", type=Path, help='written {"url": ...} once it listens')
     parser.add_argument("counts", type=Path, help='written {"spans": N} after each export')
+    parser.add_argument("--grpc", action="store_true", help="OTLP over gRPC, not HTTP")
     args = parser.parse_args()
     ready, counts = args.ready, args.counts
     received = {"spans": 0}
     lock = threading.Lock()
+
+    def count(request: Any) -> None:
+        spans = sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
+        with lock:
+            received["spans"] += spans
+            counts.write_text(json.dumps(received))
+
+    if args.grpc:
+        _serve_grpc(ready, count)
+        return
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["content-length"]))
             request = trace_service_pb2.ExportTraceServiceRequest()
             request.ParseFromString(body)
-            spans = sum(
-                len(scope.spans)
-                for resource in request.resource_spans
-                for scope in resource.scope_spans
-            )
-            with lock:
-                received["spans"] += spans
-                counts.write_text(json.dumps(received))
+            count(request)
             self.send_response(200)
             self.send_header("content-type", "application/x-protobuf")
             self.send_header("content-length", "0")
@@ -55,6 +61,28 @@ def main() -> None:
     ready.write_text(json.dumps({"url": f"http://127.0.0.1:{server.server_address[1]}"}))
     server.serve_forever()
     server.server_close()
+
+
+def _serve_grpc(ready: Path, count: Callable[[Any], None]) -> None:
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            count(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    ready.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    stopped.wait()
+    server.stop(grace=None)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What tracing costs: the same server with ``enable_tracing`` off, on with every request
-sampled, and on with 10% sampled (spans exported over OTLP/HTTP to a collector stand-in in
-a process of its own), side by side in one run.
+sampled, and on with 10% sampled (spans exported over OTLP, gRPC or HTTP, to a collector
+stand-in in a process of its own), side by side in one run.
 
-    python benchmarks/tracing_overhead.py [--rounds 4] [--seconds 8]
+    python benchmarks/tracing_overhead.py [--rounds 4] [--seconds 8] [--protocol grpc]
 
 Three servers from this tree, started together, one worker each: the no-op handler (the
 server's own cost per request) and ResNet-18 (TorchScript, the built-in image_classifier,
@@ -43,15 +43,18 @@ from benchmarks.server import ferry_server
 from ferry.bench.load import LoadSpec, run_load
 
 SINK = Path(__file__).with_name("otlp_sink.py")
+RESULTS = ROOT / "benchmarks" / "results"
 CLIENTS = 16
 SERVERS = ("tracing off", "tracing on", "tracing on, 10% sampled")
 
 
 @contextlib.contextmanager
-def collector(work: Path) -> Iterator[tuple[str, Path]]:
-    """The OTLP/HTTP stand-in (``otlp_sink.py``): its URL and the file it counts into."""
+def collector(work: Path, protocol: str) -> Iterator[tuple[str, Path]]:
+    """The OTLP stand-in (``otlp_sink.py``) for ``protocol``: its URL and the file it
+    counts into."""
     ready, counts = work / "sink.json", work / "sink-counts.json"
-    process = subprocess.Popen([sys.executable, str(SINK), str(ready), str(counts)])
+    grpc = ["--grpc"] if protocol == "grpc" else []
+    process = subprocess.Popen([sys.executable, str(SINK), *grpc, str(ready), str(counts)])
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -80,17 +83,19 @@ def dropped_spans(metrics_url: str) -> float:
     return 0.0
 
 
-def measure(rounds: int, seconds: float) -> tuple[dict[str, list[float]], dict[str, float]]:
+def measure(
+    rounds: int, seconds: float, protocol: str
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     figures: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         store = work / "store"
         noop_archive(store, 8)
         resnet18_archive(store, 8, 10)
-        sink_url, counts = stack.enter_context(collector(work))
+        sink_url, counts = stack.enter_context(collector(work, protocol))
         traced = {
             "FERRY_ENABLE_TRACING": "true",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
             "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
         }
         sampled = {
@@ -128,8 +133,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--protocol",
+        choices=("grpc", "http/protobuf"),
+        default="grpc",
+        help="OTLP's transport (OpenTelemetry's default: grpc)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "tracing_overhead.md")
     args = parser.parse_args()
-    figures, spans = measure(args.rounds, args.seconds)
+    figures, spans = measure(args.rounds, args.seconds, args.protocol)
     rows = []
     for model, label in (("noop", "no-op"), ("resnet18", "ResNet-18")):
         off = statistics.median(figures[f"{model} | tracing off"])
@@ -141,17 +153,17 @@ def main() -> None:
             f"{sampled / off:.3f} | {rounds} |"
         )
     publish(
-        ROOT / "benchmarks" / "results" / "tracing_overhead.md",
+        args.out,
         [
             "# What tracing costs",
             "",
             f"Machine: {machine_description()}; servers, collector stand-in and load "
             "generator share its cores.",
             f"Command: `python benchmarks/tracing_overhead.py --rounds {args.rounds} "
-            f"--seconds {args.seconds:g}`: three servers of this tree, `enable_tracing` off, "
-            "on with every request sampled, and on with 10% sampled "
+            f"--seconds {args.seconds:g} --protocol {args.protocol}`: three servers of this "
+            "tree, `enable_tracing` off, on with every request sampled, and on with 10% sampled "
             "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`); "
-            "OTLP over HTTP to `benchmarks/otlp_sink.py`, which decodes and counts; "
+            f"OTLP over {args.protocol} to `benchmarks/otlp_sink.py`, which decodes and counts; "
             f"{CLIENTS} clients, closed loop, each server going first in turn, medians.",
             "",
             "| model | off (req/s) | on, every request (req/s) | on / off | on, 10% sampled "
