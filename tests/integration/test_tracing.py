@@ -2,8 +2,8 @@
 receiver this test runs (it decodes OpenTelemetry's protobuf export requests). Eight
 requests in one batch of a TorchServe-style handler each show their client's parent,
 their queue wait, the batch they joined and, through it, their seven siblings and the
-batch's three stages; the client's traceparent is taken from KServe V2 and from gRPC
-metadata alike; the access line names the trace."""
+batch's three stages; the client's traceparent is taken from KServe V1 and V2 and from
+gRPC metadata alike; the access line names the trace."""
 
 from __future__ import annotations
 
@@ -142,10 +142,10 @@ def test_a_batch_of_eight_is_traced_through_queue_batch_and_stages(
     assert timed[-1].end_time_unix_nano <= batch.end_time_unix_nano
 
 
-def test_kserve_v2_and_grpc_take_the_clients_traceparent(
+def test_kserve_v1_v2_and_grpc_take_the_clients_traceparent(
     server: RunningServer, receiver: Receiver
 ) -> None:
-    v2_parent, grpc_parent = "00000000000000aa", "00000000000000bb"
+    v2_parent, grpc_parent, v1_parent = "00000000000000aa", "00000000000000bb", "00000000000000dd"
     body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [3.0]}]}
     with httpx.Client(timeout=HANG_GUARD) as client:
         answer = client.post(
@@ -154,6 +154,13 @@ def test_kserve_v2_and_grpc_take_the_clients_traceparent(
             headers={"traceparent": f"00-{TRACE_ID}-{v2_parent}-01"},
         )
     assert answer.status_code == 200, answer.text
+    with httpx.Client(timeout=HANG_GUARD) as client:
+        v1 = client.post(
+            f"{server.url}/v1/models/single:predict",
+            json={"instances": [{"data": [2.0]}]},
+            headers={"traceparent": f"00-{TRACE_ID}-{v1_parent}-01"},
+        )
+    assert v1.status_code == 200, v1.text
     with grpc.insecure_channel(server.grpc_url.removeprefix("grpc://")) as channel:
         stub = inference_grpc.InferenceAPIsServiceStub(channel)  # type: ignore[no-untyped-call]
         request = inference.PredictionsRequest(model_name="single", input={"data": b"[4]"})
@@ -163,7 +170,7 @@ def test_kserve_v2_and_grpc_take_the_clients_traceparent(
     def parents() -> set[str]:
         return {s.parent_span_id.hex() for s in receiver.named("predict single")}
 
-    wait_until("both requests' spans", lambda: {v2_parent, grpc_parent} <= parents())
+    wait_until("the requests' spans", lambda: {v2_parent, grpc_parent, v1_parent} <= parents())
 
 
 def test_the_access_line_names_the_trace(server: RunningServer) -> None:
