@@ -95,8 +95,7 @@ class OtelTracing(Tracing):
         try:
             yield carrier
         except BaseException as error:
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            span.set_attribute("error.type", type(error).__name__)
+            _failed(span, error)
             raise
         finally:
             span.end()
@@ -131,8 +130,7 @@ class _Request:
         self.dispatched()  # a request answered from the queue (shed, hung up) ends it too
         self.span.set_attributes(attributes)
         if error is not None:
-            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            self.span.set_attribute("error.type", type(error).__name__)
+            _failed(self.span, error)
         self.span.end()
 
 
@@ -154,9 +152,14 @@ class _Batch:
             stage = self._tracer.start_span(window.stage, context=parent, start_time=start)
             stage.end(end_time=window.end_ns)
         if error is not None:
-            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            self.span.set_attribute("error.type", type(error).__name__)
+            _failed(self.span, error)
         self.span.end()
+
+
+def _failed(span: trace.Span, error: BaseException) -> None:
+    """An error status naming ``error``'s type, and OpenTelemetry's ``error.type``."""
+    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+    span.set_attribute("error.type", type(error).__name__)
 
 
 class BoundedExport(SpanProcessor):

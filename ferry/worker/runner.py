@@ -96,10 +96,22 @@ class BatchRunner:
             for m in self.context.metrics.drain()
         ]
         stages = self._stage_ms or {"handle": elapsed_ms}
-        windows = self._windows or [
-            StageWindow("handle", started_ns, started_ns + int(elapsed_ms * 1_000_000))
-        ]
-        return BatchResult(batch.batch_id, results, elapsed_ms, metrics, stages, windows)
+        return BatchResult(
+            batch.batch_id,
+            results,
+            elapsed_ms,
+            metrics,
+            stages,
+            self._traced_windows(started_ns, elapsed_ms),
+        )
+
+    def _traced_windows(self, started_ns: int, elapsed_ms: float) -> list[StageWindow]:
+        """When the stages ran, for a traced batch's spans (none sent for an untraced one);
+        the whole batch as ``handle`` for a handler without stages."""
+        if not self._traceparent:
+            return []
+        end_ns = started_ns + int(elapsed_ms * 1_000_000)
+        return self._windows or [StageWindow("handle", started_ns, end_ns)]
 
     def failed(self, batch: PredictBatch, exc: Exception) -> BatchResult:
         """The answer for a batch whose own answer could not be sent: every request
@@ -169,7 +181,8 @@ class BatchRunner:
         finally:
             for stage, ms in self.context.stage_ms.items():
                 self._stage_ms[stage] = self._stage_ms.get(stage, 0.0) + ms
-            self._windows += [StageWindow(*window) for window in self.context.stage_windows]
+            if self._traceparent:
+                self._windows += [StageWindow(*window) for window in self.context.stage_windows]
 
     def _call_handler(
         self, entry: EntryPoint, rows: list[Any], items: list[RequestItem], isolate_on_error: bool
