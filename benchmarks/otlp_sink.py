@@ -2,7 +2,7 @@
 or gRPC with ``--grpc``) on a free port that decodes each export request, counts its spans
 and answers success.
 
-    python benchmarks/otlp_sink.py [--grpc] READY_FILE COUNTS_FILE
+    python benchmarks/otlp_sink.py [--grpc] [--nice N] READY_FILE COUNTS_FILE
 
 Writes ``{"url": ...}`` to READY_FILE once it listens, and ``{"spans": N}`` to COUNTS_FILE
 after each export; stops on SIGTERM.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -27,7 +28,14 @@ def main() -> None:
     parser.add_argument("ready", type=Path, help='written {"url": ...} once it listens')
     parser.add_argument("counts", type=Path, help='written {"spans": N} after each export')
     parser.add_argument("--grpc", action="store_true", help="OTLP over gRPC, not HTTP")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="lower its CPU priority by N: a collector runs elsewhere, not on the server's cores",
+    )
     args = parser.parse_args()
+    os.nice(args.nice)
     ready, counts = args.ready, args.counts
     received = {"spans": 0}
     lock = threading.Lock()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,10 +77,18 @@ class Deployer:
         return serve.RunTarget(replicas, name=plan.application, route_prefix=self.route_of(plan))
 
     def _environment(self) -> dict[str, str]:
-        """Ray's settings in the model replicas."""
+        """Ray's settings in the model replicas, and the tracing settings."""
         if self.settings.ray_handler_in_replica:
-            return HANDLER_IN_REPLICA_ENVIRONMENT
-        return THROUGHPUT_ENVIRONMENT
+            return {**HANDLER_IN_REPLICA_ENVIRONMENT, **self._tracing()}
+        return {**THROUGHPUT_ENVIRONMENT, **self._tracing()}
+
+    def _tracing(self) -> dict[str, str]:
+        """OpenTelemetry's variables (``OTEL_*``) of this process when tracing is on: each
+        replica traces its requests and exports them itself, and a replica on another
+        machine does not inherit this process's environment."""
+        if not self.settings.enable_tracing:
+            return {}
+        return {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
 
     def router_application(self) -> Any:
         """Ray Serve's run target for ``ferry``: the router, and the pool if any."""
@@ -99,7 +108,10 @@ class Deployer:
         if self.pool is not None:
             pool = (
                 _deployment(pool_replica(self.pool.models_per_replica))
-                .options(**self.pool.options(), logging_config=QUIET)
+                .options(
+                    **self.pool.options({**THROUGHPUT_ENVIRONMENT, **self._tracing()}),
+                    logging_config=QUIET,
+                )
                 .bind(self.settings, self.pool.entries, self.inference_key)
             )
         targets = {key: (plan.deployment, plan.application) for key, plan in self.plans.items()}

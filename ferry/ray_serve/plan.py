@@ -158,11 +158,11 @@ class PoolPlan:
     def member(self, key: str) -> DeploymentPlan:
         return self.members[self.keys.index(key)]
 
-    def options(self) -> dict[str, Any]:
+    def options(self, environment: dict[str, str] = THROUGHPUT_ENVIRONMENT) -> dict[str, Any]:
         return {
             "name": self.deployment,
             "num_replicas": self.num_replicas,
-            "ray_actor_options": with_replica_environment(self.actor_options),
+            "ray_actor_options": with_replica_environment(self.actor_options, environment),
             "max_ongoing_requests": self.max_ongoing_requests,
         }
 

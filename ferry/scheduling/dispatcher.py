@@ -88,9 +88,13 @@ BusyReport = Callable[[bool], None]
 
 
 def to_outcome(
-    result: ItemResult, batch_size: int, queued_seconds: float = 0.0
+    result: ItemResult,
+    batch_size: int,
+    queued_seconds: float = 0.0,
+    trace_ids: tuple[str, str] | None = None,
 ) -> Prediction | FerryError:
-    """A worker's answer to one request, as the service's response or domain error."""
+    """A worker's answer to one request, as the service's response or domain error;
+    ``trace_ids``: the request's trace, for its access line."""
     kind = ErrorKind(result.error_kind) if result.error_kind in _KINDS else ErrorKind.HANDLER
     if kind is ErrorKind.INVALID_INPUT:
         return InvalidInput(result.message)
@@ -105,6 +109,7 @@ def to_outcome(
         batch_size,
         queued_seconds,
         result.request_id,
+        trace_ids,
     )
 
 
@@ -607,7 +612,8 @@ class Dispatcher:
                 log.warning("%s: result for unknown request %s ignored", self.name, item.request_id)
                 continue
             held.discard(job)
-            outcome = to_outcome(item, len(jobs), job.queued_seconds)
+            ids = job.trace.ids if job.trace is not None else None
+            outcome = to_outcome(item, len(jobs), job.queued_seconds, ids)
             if isinstance(outcome, FerryError):
                 job.fail(outcome)
             else:

@@ -67,8 +67,6 @@ class PendingPrediction:
                 f"response of {len(body)} bytes exceeds max_response_size {self._max_response_size}"
             )
         sequence = self.job.sequence_id
-        if self.job.trace is not None:
-            answer = dataclasses.replace(answer, trace_ids=self.job.trace.ids)
         if sequence is not None and SEQUENCE_ID_HEADER not in answer.headers:
             headers = {**answer.headers, SEQUENCE_ID_HEADER: sequence}
             return dataclasses.replace(answer, body=body, headers=headers)

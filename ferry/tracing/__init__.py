@@ -7,9 +7,9 @@ wait in the queue. Each batch gets a span, with a child per handler stage timed 
 worker (preprocess, inference, postprocess; ``handle`` for a handler without stages),
 their times as the worker measured them. A batch and the requests it served point at
 each other: the batch span links every request span, each request span links the batch
-span (it lives in the trace of the first sampled request it served). Only the server
-process exports: workers report their stage times with the batch's answer, so no worker
-opens a connection of its own.
+span (it lives in the trace of the first sampled request it served). Only one process
+exports, the server's exporter process: workers report their stage times with the
+batch's answer, so no worker opens a connection of its own.
 
 Off, nothing here imports OpenTelemetry and ``Tracing.request`` returns None: a request
 carries no trace, and the scheduler's only cost is checking that.
@@ -124,6 +124,6 @@ def tracing_for(enabled: bool) -> Tracing:
         raise ConfigError(
             f"enable_tracing needs opentelemetry-sdk, which is not installed: {INSTALL_HINT}"
         )
-    from ferry.tracing.otel import exporter_from_environment, otel_tracing
+    from ferry.tracing.otel import process_tracing
 
-    return otel_tracing(exporter_from_environment())
+    return process_tracing()

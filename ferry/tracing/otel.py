@@ -1,246 +1,135 @@
-"""``Tracing`` with OpenTelemetry's SDK (the ``otel`` extra).
+"""Where Ferry's spans go: OpenTelemetry's SDK exporters and resource (the ``otel`` extra).
 
-The tracer provider follows OpenTelemetry's environment variables, as any of its SDKs
-does: ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (the service is ``ferry``
-unless named), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default: parent-based,
+The exporter follows OpenTelemetry's environment variables, as any of its SDKs does:
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (the service is ``ferry`` unless
+named), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default: parent-based,
 always on), ``OTEL_TRACES_EXPORTER`` (``otlp``, the default, ``console`` or ``none``),
 ``OTEL_EXPORTER_OTLP_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (``grpc``, the
 default, or ``http/protobuf``) and the OTLP exporter's own ``OTEL_EXPORTER_OTLP_*``
-(endpoint, headers, timeout).
+(endpoint, headers, timeout, compression, certificates).
 
-Spans go to the exporter through ``BoundedExport``: a queue of ``max_queue`` spans that a
-background thread exports in batches. When the exporter is slow or unreachable the queue
-fills and later spans are dropped and counted (``ferry_trace_spans_dropped_total``), so
-serving never waits on it.
+Spans reach an OTLP exporter already encoded (``ferry.tracing.otlp_wire``): the SDK's
+exporter only sends them, with its retries and settings. Any other exporter (the
+console's, a test's in-memory one) gets the SDK's ``ReadableSpan`` objects.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 from ferry.errors import ConfigError
-from ferry.tracing import INSTALL_HINT, BatchTrace, RequestTrace, Tracing
-from ferry.wire.messages import StageWindow
+from ferry.tracing import INSTALL_HINT
+from ferry.tracing.otlp_wire import RequestEncoder
+from ferry.tracing.recorder import BoundedExport, Recorder
+from ferry.tracing.records import SpanRecord, sampler_from_environment
 
 log = logging.getLogger("ferry.tracing")
 
-PROPAGATOR = TraceContextTextMapPropagator()
+SCOPE = InstrumentationScope("ferry")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
-class OtelTracing(Tracing):
-    enabled = True
-
-    def __init__(self, provider: TracerProvider, export: BoundedExport | None = None) -> None:
-        self._provider = provider
-        self._tracer = provider.get_tracer("ferry")
-        self._export = export
-
-    def request(
-        self, model: str, version: str, request_id: str, headers: dict[str, str]
-    ) -> RequestTrace | None:
-        parent = PROPAGATOR.extract(headers)  # traceparent / tracestate, lower-cased keys
-        attributes = {"ferry.model": model, "ferry.model_version": version}
-        attributes["ferry.request_id"] = request_id
-        span = self._tracer.start_span(
-            f"predict {model}", context=parent, kind=SpanKind.SERVER, attributes=attributes
-        )
-        if not span.is_recording():  # not sampled: nothing to record or link
-            return None
-        return _Request(self, self._tracer, span)
-
-    def batch(
-        self,
-        model: str,
-        batch_id: int,
-        requests: Sequence[RequestTrace],
-        worker: dict[str, str | int],
-    ) -> BatchTrace | None:
-        spans = [r.span for r in requests if isinstance(r, _Request)]
-        if not spans:
-            return None
-        attributes: dict[str, str | int] = {"ferry.model": model, "ferry.batch.id": batch_id}
-        attributes["ferry.batch.size"] = len(requests)
-        attributes.update({f"ferry.worker.{key}": value for key, value in worker.items()})
-        span = self._tracer.start_span(
-            f"batch {model}",
-            context=trace.set_span_in_context(spans[0]),
-            links=[Link(s.get_span_context()) for s in spans],
-            attributes=attributes,
-        )
-        for request in spans:
-            request.add_link(span.get_span_context(), {"ferry.link": "batch"})
-        return _Batch(self._tracer, span)
-
-    @contextlib.contextmanager
-    def span(self, name: str, headers: dict[str, str]) -> Iterator[dict[str, str]]:
-        parent = PROPAGATOR.extract(headers)
-        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
-        carrier = {k: v for k, v in headers.items() if k not in ("traceparent", "tracestate")}
-        PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
-        try:
-            yield carrier
-        except BaseException as error:
-            _failed(span, error)
-            raise
-        finally:
-            span.end()
-
-    def shutdown(self) -> None:
-        self._provider.shutdown()
-
-    @property
-    def dropped_spans(self) -> int:
-        return self._export.dropped if self._export is not None else 0
+def otel_tracing(
+    exporter: SpanExporter | None,
+    max_queue: int = 2048,
+    environ: Mapping[str, str] | None = None,
+) -> Recorder:
+    """Ferry's tracing: the sampler and resource from the environment, spans to
+    ``exporter`` through a bounded queue (none recorded without an exporter)."""
+    env = os.environ if environ is None else environ
+    try:
+        sampler = sampler_from_environment(env)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    if exporter is None:
+        return Recorder(sampler, None)
+    export = BoundedExport(InProcessExport(exporter, resource_from(env)), max_queue)
+    return Recorder(sampler, export)
 
 
-class _Request:
-    def __init__(self, tracing: OtelTracing, tracer: trace.Tracer, span: trace.Span) -> None:
-        self.tracing = tracing
-        self.span = span
-        self._queue: trace.Span | None = tracer.start_span(
-            "queue", context=trace.set_span_in_context(span)
-        )
+def process_tracing(environ: Mapping[str, str] | None = None) -> Recorder:
+    """Ferry's tracing as the server runs it: the exporter the ``OTEL_*`` variables name
+    (refused here, at start-up, when they are wrong), in a process of its own."""
+    from ferry.tracing.export_process import ExporterProcess
 
-    @property
-    def ids(self) -> tuple[str, str]:
-        context = self.span.get_span_context()
-        return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
-
-    def dispatched(self) -> None:
-        if self._queue is not None:
-            self._queue.end()
-            self._queue = None
-
-    def end(self, error: BaseException | None, attributes: dict[str, str | int | float]) -> None:
-        self.dispatched()  # a request answered from the queue (shed, hung up) ends it too
-        self.span.set_attributes(attributes)
-        if error is not None:
-            _failed(self.span, error)
-        self.span.end()
+    env = os.environ if environ is None else environ
+    exporter = exporter_from_environment(env)
+    tracing = otel_tracing(None, environ=env)  # checks the sampler's variables
+    if exporter is None:
+        return tracing
+    exporter.shutdown()  # checked, not used: the process makes its own
+    return Recorder(sampler_from_environment(env), BoundedExport(ExporterProcess(env)))
 
 
-class _Batch:
-    def __init__(self, tracer: trace.Tracer, span: trace.Span) -> None:
-        self._tracer = tracer
-        self.span = span
-
-    @property
-    def traceparent(self) -> str:
-        carrier: dict[str, str] = {}
-        PROPAGATOR.inject(carrier, trace.set_span_in_context(self.span))
-        return carrier.get("traceparent", "")
-
-    def finish(self, windows: Sequence[StageWindow], error: BaseException | None = None) -> None:
-        parent = trace.set_span_in_context(self.span)
-        for window in windows:
-            start = window.start_ns
-            stage = self._tracer.start_span(window.stage, context=parent, start_time=start)
-            stage.end(end_time=window.end_ns)
-        if error is not None:
-            _failed(self.span, error)
-        self.span.end()
+def resource_from(environ: Mapping[str, str]) -> Resource:
+    """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES``, the SDK's own attributes), the
+    service ``OTEL_SERVICE_NAME`` or ``ferry``."""
+    return Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "ferry")})
 
 
-def _failed(span: trace.Span, error: BaseException) -> None:
-    """An error status naming ``error``'s type, and OpenTelemetry's ``error.type``."""
-    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-    span.set_attribute("error.type", type(error).__name__)
+class InProcessExport:
+    """Batches of span records through ``exporter``: encoded by Ferry for OTLP, as the
+    SDK's spans for any other."""
 
+    lost = 0  # the exporter answers each batch at once
 
-class BoundedExport(SpanProcessor):
-    """Ended spans queued (at most ``max_queue``; beyond, dropped and counted) and
-    exported in batches of up to ``batch_size`` by one thread, every ``interval`` seconds
-    or as soon as a batch is full."""
+    def __init__(self, exporter: SpanExporter, resource: Resource) -> None:
+        self._exporter, self._resource = exporter, resource
+        self._encoder: RequestEncoder | None = None
+        if isinstance(exporter, _EncodedOtlp) and exporter.encodes:
+            scalars = (str, bool, int, float)
+            attributes = {k: v for k, v in resource.attributes.items() if isinstance(v, scalars)}
+            self._encoder = RequestEncoder(attributes, SCOPE.name)
 
-    def __init__(
-        self,
-        exporter: SpanExporter,
-        max_queue: int = 2048,
-        batch_size: int = 512,
-        interval: float = 1.0,
-    ) -> None:
-        self._exporter = exporter
-        self._max_queue, self._batch_size, self._interval = max_queue, batch_size, interval
-        self._queue: deque[ReadableSpan] = deque()
-        self._wake = threading.Condition()
-        self._stopping = False
-        self.dropped = 0
-        self.exported = 0
-        self._thread = threading.Thread(target=self._run, name="ferry-span-export", daemon=True)
-        self._thread.start()
+    def send(self, spans: list[SpanRecord]) -> bool:
+        exporter = self._exporter
+        if self._encoder is not None and isinstance(exporter, _EncodedOtlp):
+            return exporter.send_encoded(self._encoder.encode(spans), len(spans))
+        readable = [readable_span(span, self._resource) for span in spans]
+        return exporter.export(readable) == SpanExportResult.SUCCESS
 
-    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return
-        with self._wake:
-            if len(self._queue) >= self._max_queue:
-                self.dropped += 1
-                return
-            self._queue.append(span)
-            if len(self._queue) >= self._batch_size:
-                self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                if not self._queue and not self._stopping:
-                    self._wake.wait(self._interval)
-                taken = min(len(self._queue), self._batch_size)
-                batch = [self._queue.popleft() for _ in range(taken)]
-                stopping = self._stopping and not self._queue
-            if batch:
-                self._send(batch)
-            if stopping:
-                return
-
-    def _send(self, batch: list[ReadableSpan]) -> None:
-        try:
-            result = self._exporter.export(batch)
-        except Exception as error:  # an exporter's own failure must not end the thread
-            log.warning("exporting %d spans failed: %s", len(batch), error)
-            result = None
-        if result is not None and result.name == "SUCCESS":
-            self.exported += len(batch)
-        else:
-            self.dropped += len(batch)
-
-    def shutdown(self) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        self._thread.join(timeout=30)
+    def close(self) -> None:
         self._exporter.shutdown()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        deadline = time.monotonic() + timeout_millis / 1000
-        while time.monotonic() < deadline:
-            with self._wake:
-                if not self._queue:
-                    return True
-                self._wake.notify()
-            time.sleep(0.01)  # waiting for the export thread to drain the queue
-        return False
+
+def readable_span(span: SpanRecord, resource: Resource) -> ReadableSpan:
+    """``span`` as OpenTelemetry's SDK would have recorded it."""
+    state = TraceState.from_header([span.trace_state]) if span.trace_state else None
+    context = SpanContext(span.trace_id, span.span_id, False, _SAMPLED, state)
+    parent = None
+    if span.parent_id:
+        parent = SpanContext(span.trace_id, span.parent_id, span.remote_parent, _SAMPLED, state)
+    links = [
+        Link(SpanContext(trace_id, span_id, False, _SAMPLED), dict(attributes))
+        for trace_id, span_id, attributes in span.links
+    ]
+    status = Status(StatusCode.ERROR, span.error) if span.error else Status(StatusCode.UNSET)
+    return ReadableSpan(
+        name=span.name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=dict(span.attributes),
+        links=links,
+        kind=SpanKind(span.kind - 1),  # the SDK counts kinds from INTERNAL = 0, OTLP from 1
+        status=status,
+        start_time=span.start_ns,
+        end_time=span.end_ns,
+        instrumentation_scope=SCOPE,
+    )
 
 
-def exporter_from_environment(environ: dict[str, str] | None = None) -> SpanExporter | None:
+def exporter_from_environment(environ: Mapping[str, str] | None = None) -> SpanExporter | None:
     """The exporter ``OTEL_TRACES_EXPORTER`` names (``otlp`` by default; None for
     ``none``); OTLP over the protocol its variables name."""
     env = os.environ if environ is None else environ
@@ -279,26 +168,63 @@ def _otlp_exporter(protocol: str) -> SpanExporter:
         ) from error
 
 
+class _EncodedOtlp(SpanExporter):
+    """An OTLP exporter that also sends requests Ferry encoded (when ``encodes``: the
+    SDK's private hook it relies on was found)."""
+
+    encodes = True
+
+    def send_encoded(self, payload: bytes, count: int) -> bool:
+        raise NotImplementedError
+
+
 def _grpc_exporter() -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
-    exporter: SpanExporter = OTLPSpanExporter()
+    class GrpcExporter(OTLPSpanExporter, _EncodedOtlp):
+        """The SDK's gRPC exporter is generic in what it translates into its request
+        (``_translate_data``, ``_count_data``): an encoded request is parsed back (in
+        protobuf's C code, microseconds a batch), sent with the exporter's retries."""
+
+        def send_encoded(self, payload: bytes, count: int) -> bool:
+            return self._export(_Encoded(payload, count)) == SpanExportResult.SUCCESS  # type: ignore[arg-type]
+
+        def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+            if isinstance(data, _Encoded):
+                return ExportTraceServiceRequest.FromString(data.payload)
+            return super()._translate_data(data)
+
+        def _count_data(self, data: Any) -> int:
+            return data.count if isinstance(data, _Encoded) else len(data)
+
+    exporter = GrpcExporter()
+    exporter.encodes = hasattr(OTLPSpanExporter, "_translate_data")
     return exporter
 
 
 def _http_exporter() -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    exporter: SpanExporter = OTLPSpanExporter()
+    class HttpExporter(OTLPSpanExporter, _EncodedOtlp):
+        """The SDK's HTTP exporter sends its serialized request through its client
+        (``_client.export``, with the exporter's endpoint, headers, compression and
+        timeout): an encoded request goes the same way."""
+
+        def send_encoded(self, payload: bytes, count: int) -> bool:
+            if self._shutdown:
+                return False
+            return bool(self._client.export(payload).success)
+
+    exporter = HttpExporter()
+    exporter.encodes = callable(getattr(getattr(exporter, "_client", None), "export", None))
     return exporter
 
 
-def otel_tracing(exporter: SpanExporter | None, max_queue: int = 2048) -> OtelTracing:
-    """Ferry's tracer: the SDK's sampler and resource from the environment, spans to
-    ``exporter`` through a bounded queue (none recorded without an exporter)."""
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "ferry")})
-    provider = TracerProvider(resource=resource)
-    export = BoundedExport(exporter, max_queue=max_queue) if exporter is not None else None
-    if export is not None:
-        provider.add_span_processor(export)
-    return OtelTracing(provider, export)
+class _Encoded:
+    """An encoded ``ExportTraceServiceRequest`` and how many spans it holds."""
+
+    def __init__(self, payload: bytes, count: int) -> None:
+        self.payload, self.count = payload, count

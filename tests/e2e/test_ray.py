@@ -3,8 +3,10 @@ a head and two more nodes, each its own raylet with one logical CPU, on this mac
 
 A model of two replicas (one CPU each) is spread over two nodes and answers right under
 concurrent load, on TorchServe's prediction path straight from Ray's proxy and on its
-explanations path through Ferry's router; the management API's scale call changes the
-replica count; a node holding a replica is removed under load on both paths, every
+explanations path through Ferry's router; with tracing on, the replicas trace both
+paths' requests under the client's traceparent (OpenTelemetry's variables reach them
+through the deployment); the management API's scale call changes the replica count; a
+node holding a replica is removed under load on both paths, every
 request is answered, and the replica comes back on the node left free.
 """
 
@@ -28,6 +30,7 @@ from ferry.config.settings import ServerSettings
 from tests.fixtures.background_load import BackgroundLoad
 from tests.fixtures.haproxy import free_port
 from tests.fixtures.models import digest_archive
+from tests.fixtures.otlp_receiver import Receiver
 from tests.fixtures.polling import HANG_GUARD, wait_until
 from tests.fixtures.server import RunningServer, ferry_server
 
@@ -57,11 +60,29 @@ def cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def receiver() -> Iterator[Receiver]:
+    running = Receiver()
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def server(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("ray")
     store = tmp / "store"
     store.mkdir()
     digest_archive(store, "digest", minWorkers=2, batchSize=4, maxBatchDelay=10)
+    # Traced: the cluster's nodes started before these variables were set, so only the
+    # server's deployment can give them to the replicas.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        patch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        yield from _server(cluster, store, tmp)
+
+
+def _server(cluster: Any, store: Any, tmp: Any) -> Iterator[RunningServer]:
     with ferry_server(
         store,
         ["digest.mar"],
@@ -72,6 +93,8 @@ def server(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         f"http://127.0.0.1:{free_port('127.0.0.1')}",
         "--ray",
         cluster.address,
+        "--enable-tracing",
+        "true",
         command=[sys.executable, "-m", "ferry"],
     ) as running:
         yield running
@@ -133,6 +156,27 @@ def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningS
         missing = client.post(f"{server.url}/predictions/nope", content=b"x")
         assert missing.status_code == 404
         assert missing.json()["type"] == "ModelNotFoundException"
+
+
+def test_replicas_trace_requests_under_the_clients_traceparent_on_both_paths(
+    server: RunningServer, receiver: Receiver
+) -> None:
+    trace_id = "6bf92f3577b34da6a3ce929d0e0e4736"
+    parents = {
+        "/predictions/digest": "00000000000000e1",
+        "/explanations/digest": "00000000000000e2",
+    }
+    with httpx.Client(timeout=HANG_GUARD) as client:
+        for path, parent in parents.items():
+            headers = {"traceparent": f"00-{trace_id}-{parent}-01"}
+            answer = client.post(f"{server.url}{path}", content=b"traced", headers=headers)
+            assert answer.status_code == 200, answer.text
+
+    def traced_parents() -> set[str]:
+        spans = receiver.named("predict digest")
+        return {s.parent_span_id.hex() for s in spans if s.trace_id.hex() == trace_id}
+
+    wait_until("both requests' spans", lambda: set(parents.values()) <= traced_parents())
 
 
 def test_a_body_over_max_request_size_gets_413_on_both_paths(server: RunningServer) -> None:

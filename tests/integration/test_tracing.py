@@ -3,15 +3,18 @@ receiver this test runs (it decodes OpenTelemetry's protobuf export requests). E
 requests in one batch of a TorchServe-style handler each show their client's parent,
 their queue wait, the batch they joined and, through it, their seven siblings and the
 batch's three stages; the client's traceparent is taken from KServe V1 and V2 and from
-gRPC metadata alike; the access line names the trace."""
+gRPC metadata alike; the access line names the trace. The exporter process sends over
+OTLP/gRPC too, counts what an unreachable collector loses, is replaced when it dies, and
+refuses an exporter it cannot build."""
 
 from __future__ import annotations
 
 import json
-import threading
+import os
+import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -19,57 +22,17 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from ferry.errors import ConfigError
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as inference
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as inference_grpc
+from ferry.tracing.export_process import ExporterProcess
+from ferry.tracing.records import KIND_INTERNAL, SpanRecord
 from tests.fixtures.models import ts_style_archive
+from tests.fixtures.otlp_receiver import Receiver
 from tests.fixtures.polling import HANG_GUARD, wait_until
 from tests.fixtures.server import RunningServer, ferry_server
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint: every span it was sent, by span id (hex)."""
-
-    def __init__(self) -> None:
-        self.spans: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver._take(request)
-                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def _take(self, request: Any) -> None:
-        with self._lock:
-            for resource_spans in request.resource_spans:
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        self.spans[span.span_id.hex()] = span
-
-    def named(self, name: str) -> list[Any]:
-        with self._lock:
-            return [span for span in self.spans.values() if span.name == name]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +151,103 @@ def test_the_access_line_names_the_trace(server: RunningServer) -> None:
         return any("ferry.access" in line and f"trace_id={trace_id}" in line for line in lines)
 
     wait_until("its access line", access_line)
+
+
+class GrpcReceiver:
+    """An OTLP/gRPC traces endpoint (the trace service's one method, registered by
+    name): every span it was sent, by span id (hex)."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, Any] = {}
+        self._server = grpc.server(ThreadPoolExecutor(2))
+        parse = trace_service_pb2.ExportTraceServiceRequest.FromString
+        handler = grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService",
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self._export,
+                    request_deserializer=parse,
+                    response_serializer=lambda answer: answer.SerializeToString(),
+                )
+            },
+        )
+        self._server.add_generic_rpc_handlers((handler,))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self.url = f"http://127.0.0.1:{port}"
+        self._server.start()
+
+    def _export(self, request: Any, context: Any) -> Any:
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    self.spans[span.span_id.hex()] = span
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+
+
+def _records(count: int, first: int = 1) -> list[SpanRecord]:
+    start = time.time_ns()
+    return [
+        SpanRecord(0xAB, first + i, 0, f"span {i}", KIND_INTERNAL, start, start + 1, (("i", i),))
+        for i in range(count)
+    ]
+
+
+def _otlp(protocol: str, url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
+    }
+
+
+def test_the_exporter_process_sends_ferrys_encoding_over_grpc() -> None:
+    receiver = GrpcReceiver()
+    try:
+        process = ExporterProcess(_otlp("grpc", receiver.url))
+        assert process.send(_records(600))
+        process.close()  # it sends what it holds before it exits
+        assert len(receiver.spans) == 600 and process.lost == 0
+        span = receiver.spans[f"{1:016x}"]
+        assert (span.name, span.trace_id.hex(), span.attributes[0].value.int_value) == (
+            "span 0",
+            f"{0xAB:032x}",
+            0,
+        )
+    finally:
+        receiver.close()
+
+
+def test_an_unreachable_collector_is_counted_as_lost_spans(receiver: Receiver) -> None:
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    process = ExporterProcess(_otlp("http/protobuf", url))
+    try:
+        assert process.send(_records(5))
+        wait_until("the lost spans to be counted", lambda: process.lost == 5)
+    finally:
+        process.close()
+
+
+def test_a_dead_exporter_process_is_replaced(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ExporterProcess, "RESTART_INTERVAL", 0.0)
+    process = ExporterProcess(_otlp("http/protobuf", receiver.url))
+    try:
+        process._process.kill()
+        process._process.wait()
+        assert process.send(_records(3, first=0x7000))
+        process.close()
+        assert {f"{0x7000 + i:016x}" for i in range(3)} <= set(receiver.spans)
+    finally:
+        process.close()
+
+
+def test_an_exporter_the_process_cannot_build_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="zipkin"):
+        ExporterProcess({**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"})

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 from ferry.config.settings import ServerSettings
@@ -27,7 +25,9 @@ from ferry.errors import ConfigError
 from ferry.service import FerryService
 from ferry.service.types import InputPart, Prediction
 from ferry.tracing import NO_TRACING, tracing_for
-from ferry.tracing.otel import BoundedExport, OtelTracing, exporter_from_environment
+from ferry.tracing.otel import exporter_from_environment, otel_tracing
+from ferry.tracing.recorder import BoundedExport, Recorder
+from ferry.tracing.records import KIND_INTERNAL, SpanRecord
 from ferry.wire.messages import BatchResult, PredictBatch, StageWindow
 from ferry.wire.spec import WorkerSpec
 from ferry.workflows.manager import RegisteredWorkflow, WorkflowManager
@@ -68,11 +68,22 @@ class Workers:
         return worker
 
 
-def _otel(sampler: Any = None) -> tuple[OtelTracing, InMemorySpanExporter]:
-    exported = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    return OtelTracing(provider), exported
+class Exported:
+    """The spans a tracer exported to OpenTelemetry's in-memory exporter, once it is
+    shut down (which sends what its queue holds)."""
+
+    def __init__(self, tracing: Recorder, exporter: InMemorySpanExporter) -> None:
+        self._tracing, self._exporter = tracing, exporter
+
+    def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        self._tracing.shutdown()
+        return self._exporter.get_finished_spans()
+
+
+def _otel(sampler: str = "parentbased_always_on") -> tuple[Recorder, Exported]:
+    exporter = InMemorySpanExporter()
+    tracing = otel_tracing(exporter, environ={"OTEL_TRACES_SAMPLER": sampler})
+    return tracing, Exported(tracing, exporter)
 
 
 async def _service(store: Path, tracing: Any, workers: Workers) -> FerryService:
@@ -184,7 +195,7 @@ def test_a_request_whose_worker_dies_ends_its_spans_with_the_error(store: Path) 
 
 
 def test_sampling_off_records_no_span_and_sends_no_context(store: Path) -> None:
-    tracing, exported = _otel(sampler=ALWAYS_OFF)
+    tracing, exported = _otel(sampler="always_off")
     workers = Workers()
 
     async def scenario() -> None:
@@ -233,57 +244,66 @@ def test_the_worker_gets_the_batch_spans_context(store: Path) -> None:
     assert version == "00" and int(flags, 16) & 1  # sampled
 
 
-class StalledExporter(SpanExporter):
-    """Blocks in ``export`` until released: an unreachable collector."""
+class Destination:
+    """Takes batches, as ``send`` says; ``blocked``: waits until released first (an
+    unreachable collector)."""
 
-    def __init__(self) -> None:
+    lost = 0
+
+    def __init__(self, send: Callable[[list[SpanRecord]], bool], blocked: bool = False) -> None:
+        self._send = send
         self.entered = threading.Event()
         self.release = threading.Event()
+        if not blocked:
+            self.release.set()
         self.batches: list[int] = []
+        self.closed = False
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def send(self, spans: list[SpanRecord]) -> bool:
         self.entered.set()
         self.release.wait(BOUND)
         self.batches.append(len(spans))
-        return SpanExportResult.SUCCESS
+        return self._send(spans)
 
-    def shutdown(self) -> None:
-        self.release.set()
+    def close(self) -> None:
+        self.closed = True
 
 
-def _ended_spans(provider: TracerProvider, count: int) -> None:
-    tracer = provider.get_tracer("test")
+def _spans(export: BoundedExport, count: int) -> None:
     for index in range(count):
-        tracer.start_span(f"span {index}").end()
+        export.add(SpanRecord(1, index + 1, 0, f"span {index}", KIND_INTERNAL, 1, 2))
 
 
 def test_a_stalled_exporter_makes_the_queue_drop_spans_and_count_them() -> None:
-    exporter = StalledExporter()
-    export = BoundedExport(exporter, max_queue=4, batch_size=1, interval=BOUND)
-    provider = TracerProvider()
-    provider.add_span_processor(export)
-    _ended_spans(provider, 1)
-    assert exporter.entered.wait(BOUND)  # the export thread holds that span, stalled
-    _ended_spans(provider, 6)  # never waits: 4 queued, 2 dropped
+    destination = Destination(lambda spans: True, blocked=True)
+    export = BoundedExport(destination, max_queue=4, batch_size=1, interval=BOUND)
+    _spans(export, 1)
+    assert destination.entered.wait(BOUND)  # the export thread holds that span, stalled
+    _spans(export, 6)  # never waits: 4 queued, 2 dropped
     assert export.dropped == 2
-    exporter.release.set()
-    assert export.force_flush(BOUND * 1000)
-    provider.shutdown()
-    assert sum(exporter.batches) == 5 and export.exported == 5
+    destination.release.set()
+    assert export.flush(BOUND)
+    export.shutdown()
+    assert sum(destination.batches) == 5 and export.exported == 5 and destination.closed
 
 
 def test_a_failing_exporter_counts_its_spans_as_dropped() -> None:
-    class Failing(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            raise ConnectionError("collector unreachable")
+    def failing(spans: list[SpanRecord]) -> bool:
+        raise ConnectionError("collector unreachable")
 
-    export = BoundedExport(Failing(), max_queue=8, batch_size=2, interval=BOUND)
-    provider = TracerProvider()
-    provider.add_span_processor(export)
-    _ended_spans(provider, 2)
-    assert export.force_flush(BOUND * 1000)
-    provider.shutdown()
+    export = BoundedExport(Destination(failing), max_queue=8, batch_size=2, interval=BOUND)
+    _spans(export, 2)
+    export.shutdown()
     assert export.dropped == 2 and export.exported == 0
+
+
+def test_shutdown_sends_every_queued_span_in_batches() -> None:
+    destination = Destination(lambda spans: True)
+    export = BoundedExport(destination, 2048, 512, BOUND)
+    _spans(export, 1100)
+    export.shutdown()
+    assert sum(destination.batches) == 1100 and max(destination.batches) <= 512
+    assert export.dropped == 0
 
 
 @pytest.mark.parametrize(
@@ -308,8 +328,10 @@ def test_the_exporter_follows_opentelemetrys_variables(
     environment: dict[str, str], kind: str
 ) -> None:
     exporter = exporter_from_environment(environment)
-    assert type(exporter).__module__.startswith(kind)
     assert exporter is not None
+    assert any(t.__module__.startswith(kind) for t in type(exporter).__mro__)
+    if kind != "opentelemetry.sdk.trace.export":  # OTLP: sent as Ferry encoded it
+        assert getattr(exporter, "encodes", False)
     exporter.shutdown()
 
 
@@ -340,7 +362,7 @@ class _NodeService:
     """What the workflow manager uses of the service: its tracing, and a predict that
     answers each node and keeps the headers it was sent."""
 
-    def __init__(self, tracing: OtelTracing) -> None:
+    def __init__(self, tracing: Recorder) -> None:
         self.tracing = tracing
         self.sent: dict[str, dict[str, str]] = {}
 

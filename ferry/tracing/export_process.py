@@ -1,0 +1,171 @@
+"""The exporter process: the server hands it batches of span records; it encodes and
+sends them with OpenTelemetry's exporter, configured by the ``OTEL_*`` variables.
+
+Why a process: the server's event loop is what limits a light model's throughput, and an
+export thread in the same process takes its share of the GIL; handing the records over
+(``marshal``, under a microsecond a span) leaves the encoding and the collector's
+connection to a process of their own, at a lower CPU priority (``EXPORTER_NICENESS``).
+On two shared cores that is a wash (benchmarks/results/tracing_overhead.md); with cores
+to spare the server's loop does none of the exporting.
+
+Frames on its stdin: a 4-byte big-endian length, then a ``marshal``-ed list of span
+records as plain tuples. On its stdout, after each batch, one line: ``lost N``, the
+spans it has failed to export so far. End of input (the server closed the pipe, or
+died) makes it send what it has and exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import marshal
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO
+
+from ferry.errors import ConfigError
+from ferry.tracing.records import SpanRecord
+
+log = logging.getLogger("ferry.tracing")
+
+_LENGTH = struct.Struct(">I")
+_STARTUP_TIMEOUT = 60.0
+EXPORTER_NICENESS = 10
+"""Serving before exporting: on a busy machine the exporter falls behind, its pipe fills
+and the server drops spans (counted) instead of answering later."""
+
+
+class ExporterProcess:
+    """The server's end: a ``SpanDestination`` that writes batches to the process, and
+    starts a new one (at most every ``RESTART_INTERVAL`` seconds) when it has ended."""
+
+    RESTART_INTERVAL = 5.0
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = dict(environ)
+        self._lost_before = 0
+        self._started_at = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        self._started_at = time.monotonic()
+        self._process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "ferry.tracing.export_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self._environ,
+        )
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._input: IO[bytes] = self._process.stdin
+        self._ready = threading.Event()
+        self._failure = ""
+        self._lost = 0
+        self._reader = threading.Thread(
+            target=self._read_answers,
+            args=(self._process.stdout,),
+            name="ferry-span-export-answers",
+            daemon=True,
+        )
+        self._reader.start()
+        if not self._ready.wait(_STARTUP_TIMEOUT) or self._failure:
+            self.close()
+            raise ConfigError(self._failure or "the trace exporter process did not start")
+
+    def _read_answers(self, answers: IO[bytes]) -> None:
+        for raw in answers:
+            kind, _, value = raw.decode(errors="replace").strip().partition(" ")
+            if kind == "ready":
+                self._ready.set()
+            elif kind == "failed":  # its configuration was refused: the server's error
+                self._failure = value
+                self._ready.set()
+            elif kind == "lost":
+                self._lost = int(value)
+        self._ready.set()  # it ended
+
+    @property
+    def lost(self) -> int:
+        return self._lost_before + self._lost
+
+    def send(self, spans: list[SpanRecord]) -> bool:
+        if self._process.poll() is not None and not self._restarted():
+            return False
+        frame = marshal.dumps([tuple(span) for span in spans])
+        self._input.write(_LENGTH.pack(len(frame)) + frame)
+        self._input.flush()
+        return True
+
+    def _restarted(self) -> bool:
+        if time.monotonic() - self._started_at < self.RESTART_INTERVAL:
+            return False
+        log.warning(
+            "the trace exporter process ended (exit status %s); starting another",
+            self._process.returncode,
+        )
+        self._lost_before += self._lost
+        self.close()  # what is left of it: its pipes
+        self._start()
+        return True
+
+    def close(self) -> None:
+        """Close its input (it sends what it has and exits) and wait for it."""
+        with contextlib.suppress(OSError):  # it is gone already
+            self._input.close()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._reader.join(timeout=5)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+
+def _next_batch(source: IO[bytes]) -> list[SpanRecord] | None:
+    """The next batch (None at the end of input)."""
+    header = source.read(_LENGTH.size)
+    if len(header) < _LENGTH.size:
+        return None
+    (length,) = _LENGTH.unpack(header)
+    body = source.read(length)
+    if len(body) < length:
+        return None
+    return [SpanRecord._make(values) for values in marshal.loads(body)]
+
+
+def main() -> None:
+    os.nice(EXPORTER_NICENESS)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    answers = sys.stdout
+    from ferry.tracing.otel import InProcessExport, exporter_from_environment, resource_from
+
+    try:
+        exporter = exporter_from_environment()
+    except ConfigError as error:
+        print(f"failed {error}", file=answers, flush=True)
+        sys.exit(2)
+    if exporter is None:  # the server starts no process without an exporter
+        print("failed OTEL_TRACES_EXPORTER=none", file=answers, flush=True)
+        sys.exit(2)
+    destination = InProcessExport(exporter, resource_from(os.environ))
+    print("ready", file=answers, flush=True)
+    lost = 0
+    while (batch := _next_batch(sys.stdin.buffer)) is not None:
+        try:
+            sent = destination.send(batch)
+        except Exception as error:  # an exporter's own failure must not end the process
+            log.warning("exporting %d spans failed: %s", len(batch), error)
+            sent = False
+        if not sent:
+            lost += len(batch)
+            print(f"lost {lost}", file=answers, flush=True)
+    destination.close()
+
+
+if __name__ == "__main__":
+    main()
