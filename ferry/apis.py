@@ -18,6 +18,8 @@ from ferry.tracing import tracing_for
 from ferry.wire.environment import USER_AFFINITY, user_pins_threads
 from ferry.worker_handles.core_allocation import CoreAllocator
 from ferry.worker_handles.handle import WorkerFactory
+from ferry.worker_handles.process import spawn_spare
+from ferry.worker_handles.spares import SpareProcesses
 from ferry.workflows.manager import WorkflowManager
 
 log = logging.getLogger("ferry.service")
@@ -27,10 +29,12 @@ log = logging.getLogger("ferry.service")
 class Apis:
     service: FerryService
     workflows: WorkflowManager
+    spares: SpareProcesses | None = None
+    """Spare worker processes of compiled models, stopped with the service."""
 
     @classmethod
-    def over(cls, service: FerryService) -> Apis:
-        return cls(service, WorkflowManager(service))
+    def over(cls, service: FerryService, spares: SpareProcesses | None = None) -> Apis:
+        return cls(service, WorkflowManager(service), spares)
 
     @classmethod
     def local(
@@ -42,14 +46,20 @@ class Apis:
         (``ferry.worker_handles.in_process``: a Ray replica's, on request)."""
         pinned = pinned_cores(settings.cpu_pinning, cores)
         machine = Machine(cores, usable_gpus(settings.number_of_gpu), pinned)
-        workers = in_process_workers() if in_process else local_workers(pinned)
+        spares = None
+        if settings.spare_worker_for_compiled_models and not in_process:
+            spares = SpareProcesses(spawn_spare)
+        workers = in_process_workers() if in_process else local_workers(pinned, spares)
         tracing = tracing_for(settings.enable_tracing)
-        return cls.over(FerryService(settings, workers, machine, tracing))
+        return cls.over(FerryService(settings, workers, machine, tracing), spares)
 
     async def close(self) -> None:
-        """Workflows first (they free their files), then the service stops every worker."""
+        """Workflows first (they free their files), then the service stops every worker,
+        then the spare processes."""
         await self.workflows.close()
         await self.service.close()
+        if self.spares is not None:
+            await self.spares.close()
         self.service.tracing.shutdown()  # the last spans exported
 
 
@@ -76,18 +86,18 @@ def pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
     return CoreAllocator(os.sched_getaffinity(0))
 
 
-def local_workers(pinned: CoreAllocator | None) -> WorkerFactory:
+def local_workers(
+    pinned: CoreAllocator | None, spares: SpareProcesses | None = None
+) -> WorkerFactory:
     """Workers as local processes, those of a process group in processes its models share
     (``ferry.worker_handles.hosts``); with ``pinned``, each worker of its own process has
-    its torch threads on cores of its own (``ferry.worker_handles.core_allocation``)."""
+    its torch threads on cores of its own (``ferry.worker_handles.core_allocation``); with
+    ``spares``, compiled models' workers start in spare processes
+    (``ferry.worker_handles.spares``)."""
     from ferry.worker_handles.hosts import ProcessHosts, sharing_processes
     from ferry.worker_handles.process import WorkerProcess
 
-    own: WorkerFactory = (
-        WorkerProcess.start
-        if pinned is None
-        else functools.partial(WorkerProcess.start, cores=pinned)
-    )
+    own: WorkerFactory = functools.partial(WorkerProcess.start, cores=pinned, spares=spares)
     return sharing_processes(own, ProcessHosts())
 
 

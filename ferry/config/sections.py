@@ -390,3 +390,12 @@ def torchserve_compile_options(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(section, dict) or ("compile" in pt2 and not section.get("enable")):
         return None
     return {key: value for key, value in section.items() if key != "enable"}
+
+
+def compiles(model_yaml_config: dict[str, Any]) -> bool:
+    """Whether the model is compiled as it loads: ``optimization: compile`` or
+    TorchServe's ``pt2`` (``ferry.config.sections.torchserve_compile_options``)."""
+    optimization = model_yaml_config.get("optimization")
+    if isinstance(optimization, dict) and optimization.get("compile") not in (None, False):
+        return True
+    return torchserve_compile_options(model_yaml_config) is not None

@@ -278,6 +278,11 @@ class ServerSettings:
     """Bind each worker's torch threads to cores no other worker of this server holds
     (``ferry.worker_handles.core_allocation``); off because two servers on one machine would pin to
     the same cores."""
+    spare_worker_for_compiled_models: bool = True
+    """While a model that compiles as it loads (``optimization: compile``, TorchServe's
+    ``pt2``) is served, keep one worker process started ahead, torch's compiler imported
+    (``ferry.worker_handles.spares``): its next worker (a restart, a scale-up) starts in
+    it. One per GPU (and one for the CPU), not per model; unpinned workers only."""
     log_format: str = "plain"
     """``plain`` or ``json`` log lines."""
     enable_tracing: bool = False

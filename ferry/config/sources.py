@@ -308,6 +308,7 @@ OPTIONS = (
     Option("enable_tracing", "enable_tracing", _boolean),
     Option("access_log", "access_log", _boolean),
     Option("cpu_pinning", "cpu_pinning", _boolean),
+    Option("spare_worker_for_compiled_models", "spare_worker_for_compiled_models", _boolean),
     Option("log_level", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     Option("ready_file", "ready_file", _path),
     Option("log_location", "log_location", _path),

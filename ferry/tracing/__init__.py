@@ -124,6 +124,6 @@ def tracing_for(enabled: bool) -> Tracing:
         raise ConfigError(
             f"enable_tracing needs opentelemetry-sdk, which is not installed: {INSTALL_HINT}"
         )
-    from ferry.tracing.otel import process_tracing
+    from ferry.tracing.export_process import process_tracing
 
     return process_tracing()

@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from typing import IO
 
 from ferry.errors import ConfigError
-from ferry.tracing.records import SpanRecord
+from ferry.tracing.otel import (
+    InProcessExport,
+    exporter_from_environment,
+    otel_tracing,
+    resource_from,
+)
+from ferry.tracing.recorder import BoundedExport, Recorder
+from ferry.tracing.records import SpanRecord, sampler_from_environment
 
 log = logging.getLogger("ferry.tracing")
 
@@ -126,6 +133,18 @@ class ExporterProcess:
             self._process.stdout.close()
 
 
+def process_tracing(environ: Mapping[str, str] | None = None) -> Recorder:
+    """Ferry's tracing as the server runs it: the exporter the ``OTEL_*`` variables name
+    (refused here, at start-up, when they are wrong), in a process of its own."""
+    env = os.environ if environ is None else environ
+    exporter = exporter_from_environment(env)
+    tracing = otel_tracing(None, environ=env)  # checks the sampler's variables
+    if exporter is None:
+        return tracing
+    exporter.shutdown()  # checked, not used: the process makes its own
+    return Recorder(sampler_from_environment(env), BoundedExport(ExporterProcess(env)))
+
+
 def _next_batch(source: IO[bytes]) -> list[SpanRecord] | None:
     """The next batch (None at the end of input)."""
     header = source.read(_LENGTH.size)
@@ -142,7 +161,6 @@ def main() -> None:
     os.nice(EXPORTER_NICENESS)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     answers = sys.stdout
-    from ferry.tracing.otel import InProcessExport, exporter_from_environment, resource_from
 
     try:
         exporter = exporter_from_environment()

@@ -57,20 +57,6 @@ def otel_tracing(
     return Recorder(sampler, export)
 
 
-def process_tracing(environ: Mapping[str, str] | None = None) -> Recorder:
-    """Ferry's tracing as the server runs it: the exporter the ``OTEL_*`` variables name
-    (refused here, at start-up, when they are wrong), in a process of its own."""
-    from ferry.tracing.export_process import ExporterProcess
-
-    env = os.environ if environ is None else environ
-    exporter = exporter_from_environment(env)
-    tracing = otel_tracing(None, environ=env)  # checks the sampler's variables
-    if exporter is None:
-        return tracing
-    exporter.shutdown()  # checked, not used: the process makes its own
-    return Recorder(sampler_from_environment(env), BoundedExport(ExporterProcess(env)))
-
-
 def resource_from(environ: Mapping[str, str]) -> Resource:
     """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES``, the SDK's own attributes), the
     service ``OTEL_SERVICE_NAME`` or ``ferry``."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ferry.config.sections import torchserve_compile_options
+from ferry.config.sections import compiles
 
 log = logging.getLogger("ferry.worker")
 
@@ -41,15 +41,6 @@ OPERATOR_CACHE = os.environ.get(CACHE_VARIABLE)
 """The cache the server was started with, if the operator chose one (read once, before
 any model of this process sets its own)."""
 LOCK_FILE = "loading.lock"
-
-
-def compiles(model_yaml_config: dict[str, Any]) -> bool:
-    """Whether the model is compiled as it loads: ``optimization: compile`` or
-    TorchServe's ``pt2`` (``ferry.config.sections.torchserve_compile_options``)."""
-    optimization = model_yaml_config.get("optimization")
-    if isinstance(optimization, dict) and optimization.get("compile") not in (None, False):
-        return True
-    return torchserve_compile_options(model_yaml_config) is not None
 
 
 def cache_folder(root: Path, torch_version: str, device: str) -> Path:

@@ -41,7 +41,7 @@ from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import ReadyHandler, load_handler
 from ferry.worker.pinned_cores import forget_pinning
 from ferry.worker.runner import BatchRunner
-from ferry.worker.torch_setup import configure_torch
+from ferry.worker.torch_setup import SPARE_READY, configure_torch, preload_compiler
 
 log = logging.getLogger("ferry.worker")
 T = TypeVar("T")
@@ -183,12 +183,20 @@ def read_spec(inbox: Inbox) -> WorkerSpec | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferry-worker")
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument(
+        "--preload-compiler",
+        action="store_true",
+        help="a spare: import torch's compiler before the spec arrives",
+    )
     args = parser.parse_args(argv)
     die_with_parent()
     ignore_interrupts()
     # One structured line per record: the frontend re-emits it at its level, with its
     # traceback and request ids, prefixed with the model, worker and time.
     log_forward.install(logging.INFO)
+    if args.preload_compiler:  # its environment is any unpinned worker's: fixed at spawn
+        preload_compiler()
+        log.info(SPARE_READY)
     with socket.socket(fileno=args.fd) as sock:
         inbox = Inbox(sock)
         spec = read_spec(inbox)

@@ -10,6 +10,7 @@ import socket
 import sys
 from typing import Any
 
+from ferry.config.sections import compiles
 from ferry.wire.environment import (
     PINNED_BY_FERRY,
     gpu_environment,
@@ -25,6 +26,7 @@ from ferry.worker_handles.connection import (
 from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
 from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
+from ferry.worker_handles.spares import Spare, SpareProcesses
 
 log = logging.getLogger("ferry.worker")
 
@@ -55,22 +57,38 @@ class WorkerProcess(WorkerConnection):
 
     @classmethod
     async def start(
-        cls, spec: WorkerSpec, startup_timeout: float, cores: CoreAllocator | None = None
+        cls,
+        spec: WorkerSpec,
+        startup_timeout: float,
+        cores: CoreAllocator | None = None,
+        spares: SpareProcesses | None = None,
     ) -> WorkerProcess:
         """Spawn the worker, send it its spec, and wait until it has loaded its handler;
         with ``cores``, its torch threads on cores of its own while it lives (when enough
-        are free and the user pins nothing). Raises ``WorkerStartFailed``; the process
-        never outlives a failed start."""
+        are free and the user pins nothing); with ``spares``, a model that compiles as it
+        loads starts its unpinned workers in a spare process when one is ready, and keeps
+        one ready for the next. Raises ``WorkerStartFailed``; the process never outlives
+        a failed start."""
         env = process_environment(spec.gpu_id)
         claim = _claim_cores(spec, cores, env)
         if claim is not None:
             env.update(pinned_environment(claim.cores))
+        spared = spares is not None and claim is None and compiles(spec.model_yaml_config)
+        spare = spares.take(spec.gpu_id) if spares is not None and spared else None
         try:
-            worker = await cls._start(spec, startup_timeout, env)
+            worker = await cls._start(spec, startup_timeout, env, spare)
         except BaseException:
             if claim is not None:
                 claim.release()
             raise
+        if spares is not None and spared:
+            spares.replenish(spec.gpu_id)
+        if spare is not None:
+            log.info(
+                "%s worker pid %s started in a spare process (torch's compiler imported)",
+                spec.model_name,
+                worker.pid,
+            )
         if claim is not None:
             worker.hold(claim)
             log.info(
@@ -85,18 +103,13 @@ class WorkerProcess(WorkerConnection):
 
     @classmethod
     async def _start(
-        cls, spec: WorkerSpec, startup_timeout: float, env: dict[str, str]
+        cls, spec: WorkerSpec, startup_timeout: float, env: dict[str, str], spare: Spare | None
     ) -> WorkerProcess:
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            process = await _spawn(child_sock, env)
-        except OSError as exc:
-            parent_sock.close()
-            raise WorkerStartFailed(
-                StartFailure.SPAWN, f"cannot start a worker process: {exc}"
-            ) from exc
-        finally:
-            child_sock.close()
+        if spare is not None:
+            await spare.hand_over()
+            process, parent_sock = spare.process, spare.parent_sock
+        else:
+            process, parent_sock = await _spawned(env)
         worker: WorkerProcess | None = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
@@ -149,8 +162,35 @@ def process_environment(gpu_id: int | None) -> dict[str, str]:
     return env
 
 
-async def _spawn(child_sock: socket.socket, env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await spawn_module("ferry.worker.main", child_sock, env)
+async def _spawned(
+    env: dict[str, str], *args: str
+) -> tuple[asyncio.subprocess.Process, socket.socket]:
+    """A worker process and the frontend's end of its socket; raises ``WorkerStartFailed``."""
+    parent_sock, child_sock = socket.socketpair()
+    try:
+        process = await _spawn(child_sock, env, *args)
+    except OSError as exc:
+        parent_sock.close()
+        raise WorkerStartFailed(
+            StartFailure.SPAWN, f"cannot start a worker process: {exc}"
+        ) from exc
+    finally:
+        child_sock.close()
+    return process, parent_sock
+
+
+async def _spawn(
+    child_sock: socket.socket, env: dict[str, str], *args: str
+) -> asyncio.subprocess.Process:
+    return await spawn_module("ferry.worker.main", child_sock, env, *args)
+
+
+async def spawn_spare(gpu_id: int | None) -> Spare:
+    """A spare worker process (``ferry.worker_handles.spares``) bound to ``gpu_id``."""
+    process, parent_sock = await _spawned(process_environment(gpu_id), "--preload-compiler")
+    assert process.stdout is not None
+    relay = asyncio.ensure_future(relay_output(process.stdout, f"[spare pid {process.pid}]"))
+    return Spare(process, parent_sock, relay)
 
 
 async def spawn_module(

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -36,6 +37,7 @@ from PIL import Image
 from torch import nn
 
 from ferry.store.writer import ArchiveSpec, write_archive
+from ferry.worker.torch_setup import SPARE_READY
 from tests.fixtures.models import HANDLERS, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.server import RunningServer, ferry_server
@@ -303,6 +305,62 @@ def test_the_second_worker_loads_the_first_workers_compiled_graphs(
     with server.client() as client:
         answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
         assert answer.status_code == 200, answer.text
+
+
+def test_a_restarted_worker_of_a_compiled_model_starts_in_the_spare_process(
+    server: RunningServer,
+) -> None:
+    """Once ``cached`` (compiled as it loads) has its workers, a spare process waits with
+    torch's compiler imported; the worker that replaces a killed one starts in it, loads
+    the compiled graphs, compiles nothing, and answers."""
+
+    def spares() -> list[int]:
+        return _children_with(server.process.pid, "--preload-compiler")
+
+    wait_until("a spare process", lambda: len(spares()) == 1)
+    (spare,) = spares()
+
+    def ready() -> bool:
+        lines = server.log().splitlines()
+        return any(f"[spare pid {spare}]" in line and SPARE_READY in line for line in lines)
+
+    wait_until("the spare to import torch's compiler", ready)
+    with server.management() as management:
+        workers = management.get("/models/cached").json()[0]["workers"]
+    victim = workers[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    started = f"cached worker pid {spare} started in a spare process"
+    wait_until("the replacement in the spare", lambda: started in server.log())
+
+    def replacement_report() -> list[tuple[str, str]]:
+        return re.findall(
+            rf"pid {spare}\].*compile cache \S+: (\d+) compiled graphs "
+            r"loaded from it, (\d+) compiled",
+            server.log(),
+        )
+
+    wait_until("the replacement's compile cache report", lambda: bool(replacement_report()))
+    ((loaded, made),) = replacement_report()
+    assert int(loaded) > 0 and int(made) == 0
+    # The spare is a worker now (its command line unchanged); a new one waits beside it.
+    wait_until("another spare", lambda: any(pid != spare for pid in spares()))
+    with server.client() as client:
+        answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
+        assert answer.status_code == 200, answer.text
+
+
+def _children_with(parent: int, argument: str) -> list[int]:
+    """Processes whose parent is ``parent`` and whose command line has ``argument``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or it ended
+        if ppid == parent and argument.encode() in arguments:
+            found.append(int(entry.name))
+    return found
 
 
 def _jpeg(seed: int) -> bytes:

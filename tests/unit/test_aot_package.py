@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from ferry.config.sections import parse_optimization, torchserve_compile_options
+from ferry.config.sections import compiles, parse_optimization, torchserve_compile_options
 from ferry.errors import ArchiveError, ConfigError
 from ferry.handlers.builtin.aot_package import (
     AotiModel,
@@ -32,7 +32,7 @@ from ferry.handlers.builtin.base_handler import BaseHandler
 from ferry.handlers.builtin.optimize import Optimizations, optimize_model
 from ferry.handlers.contract.context import Context
 from ferry.worker import compile_cache
-from ferry.worker.compile_cache import cache_folder, compiles, model_compile_cache
+from ferry.worker.compile_cache import cache_folder, model_compile_cache
 from tests.fixtures.models import DOUBLING_MODEL, Doubler
 
 CPU = torch.device("cpu")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ferry.errors import ArchiveError
+from ferry.handlers.builtin.vector_isa import vector_isa_from_cpu_flags
 
 AOTI_FOLDER = "data/aotinductor/"
 """Where a ``.pt2`` archive keeps AOTInductor's compiled models."""
@@ -208,15 +209,11 @@ def load_aoti_package(path: Path, device: torch.device) -> AotiModel:
     if reason is not None:
         raise ArchiveError(reason)
     from torch._inductor import aoti_load_package
-    from torch._inductor import config as inductor_config
 
     index = device.index if device.type == "cuda" and device.index is not None else -1
-    # torch's loader records the CPU's vector instruction set by building a test program
-    # per set with the C++ compiler (about 5 s, measured), which runs none of them: the
-    # CPU's own flags, checked above, answer it. (Cached for the process: a later compile
-    # here trusts the flags too.)
+    # The CPU's flags, checked above against the package's, answer Inductor's test builds.
     try:
-        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        with vector_isa_from_cpu_flags():
             compiled = aoti_load_package(str(path), device_index=index)
     except RuntimeError as error:
         raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error

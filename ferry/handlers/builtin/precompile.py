@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ferry.handlers.builtin.vector_isa import vector_isa_from_cpu_flags
+
 log = logging.getLogger("ferry.handlers")
 
 FOLDER = "ferry-precompiled"
@@ -58,6 +60,17 @@ def compile_once(model: torch.nn.Module, mode: str, examples: Sequence[torch.Ten
     compile cache or compiled now and saved there."""
     fallback = torch.compile(model, mode=mode)
     path = artifact_path(cache_root(), model, mode, examples)
+    with vector_isa_from_cpu_flags():  # not Inductor's test builds, about 1 s a worker
+        return _load_or_compile(model, mode, examples, path, fallback)
+
+
+def _load_or_compile(
+    model: torch.nn.Module,
+    mode: str,
+    examples: Sequence[torch.Tensor],
+    path: Path,
+    fallback: Callable[..., Any],
+) -> Any:
     try:
         compiled = _load(model, mode, path) if path.exists() else None
     except Exception as error:  # a file from an incompatible torch, or damaged
