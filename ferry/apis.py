@@ -6,6 +6,7 @@ listener."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -60,7 +61,8 @@ class Apis:
         await self.service.close()
         if self.spares is not None:
             await self.spares.close()
-        self.service.tracing.shutdown()  # the last spans exported
+        # The last spans exported: it may wait for the exporter, off the event loop.
+        await asyncio.to_thread(self.service.tracing.shutdown)
 
 
 def usable_gpus(limit: int | None) -> int:

@@ -9,9 +9,11 @@ On two shared cores that is a wash (benchmarks/results/tracing_overhead.md); wit
 to spare the server's loop does none of the exporting.
 
 Frames on its stdin: a 4-byte big-endian length, then a ``marshal``-ed list of span
-records as plain tuples. On its stdout, after each batch, one line: ``lost N``, the
-spans it has failed to export so far. End of input (the server closed the pipe, or
-died) makes it send what it has and exit.
+records as plain tuples. On the answer pipe (its one argument, a file descriptor):
+``ready`` (or ``failed REASON``) once its exporter is built, then ``lost N`` whenever a
+batch fails: the spans it has failed to export so far. Its stdout and stderr are the
+server's. End of input (the server closed the pipe, or died) makes it send what it has
+and exit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import marshal
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -61,32 +64,41 @@ class ExporterProcess:
 
     def _start(self) -> None:
         self._started_at = time.monotonic()
-        self._process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "ferry.tracing.export_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=self._environ,
-        )
-        assert self._process.stdin is not None and self._process.stdout is not None
+        # Its answers on a pipe of their own: its stdout is the server's (the console
+        # exporter prints there).
+        answers, answer_end = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "ferry.tracing.export_process", str(answer_end)],
+                stdin=subprocess.PIPE,
+                pass_fds=(answer_end,),
+                env=self._environ,
+            )
+        finally:
+            os.close(answer_end)
+        assert self._process.stdin is not None
         self._input: IO[bytes] = self._process.stdin
+        self._answers = os.fdopen(answers, "rb")
         self._ready = threading.Event()
+        self._started = False
         self._failure = ""
         self._lost = 0
         self._reader = threading.Thread(
-            target=self._read_answers,
-            args=(self._process.stdout,),
-            name="ferry-span-export-answers",
-            daemon=True,
+            target=self._read_answers, name="ferry-span-export-answers", daemon=True
         )
         self._reader.start()
-        if not self._ready.wait(_STARTUP_TIMEOUT) or self._failure:
+        if not self._ready.wait(_STARTUP_TIMEOUT) or not self._started:
             self.close()
-            raise ConfigError(self._failure or "the trace exporter process did not start")
+            raise ConfigError(
+                self._failure
+                or "the trace exporter process ended before it was ready (its error is above)"
+            )
 
-    def _read_answers(self, answers: IO[bytes]) -> None:
-        for raw in answers:
+    def _read_answers(self) -> None:
+        for raw in self._answers:
             kind, _, value = raw.decode(errors="replace").strip().partition(" ")
             if kind == "ready":
+                self._started = True
                 self._ready.set()
             elif kind == "failed":  # its configuration was refused: the server's error
                 self._failure = value
@@ -114,8 +126,8 @@ class ExporterProcess:
             "the trace exporter process ended (exit status %s); starting another",
             self._process.returncode,
         )
+        self.close()  # what is left of it: its pipes (its last answers read)
         self._lost_before += self._lost
-        self.close()  # what is left of it: its pipes
         self._start()
         return True
 
@@ -129,8 +141,7 @@ class ExporterProcess:
             self._process.kill()
             self._process.wait()
         self._reader.join(timeout=5)
-        if self._process.stdout is not None:
-            self._process.stdout.close()
+        self._answers.close()
 
 
 def process_tracing(environ: Mapping[str, str] | None = None) -> Recorder:
@@ -159,8 +170,11 @@ def _next_batch(source: IO[bytes]) -> list[SpanRecord] | None:
 
 def main() -> None:
     os.nice(EXPORTER_NICENESS)
+    # Ctrl-C reaches the server's whole process group: the server decides when this ends
+    # (it closes the input, and this process sends what it holds first).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    answers = sys.stdout
+    answers = os.fdopen(int(sys.argv[1]), "w")
 
     try:
         exporter = exporter_from_environment()

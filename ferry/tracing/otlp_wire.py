@@ -94,7 +94,7 @@ class _Cache:
 
     def __init__(self) -> None:
         self.names: dict[str, bytes] = {}
-        self.attributes: dict[tuple[bytes, tuple[str, AttributeValue]], bytes] = {}
+        self.attributes: dict[tuple[bytes, tuple[str, AttributeValue], type], bytes] = {}
 
     def name(self, name: str) -> bytes:
         encoded = self.names.get(name)
@@ -105,11 +105,13 @@ class _Cache:
         return encoded
 
     def attribute(self, field_tag: bytes, attribute: tuple[str, AttributeValue]) -> bytes:
-        encoded = self.attributes.get((field_tag, attribute))
+        # The value's type is in the key: True, 1 and 1.0 are equal keys in Python.
+        key = (field_tag, attribute, type(attribute[1]))
+        encoded = self.attributes.get(key)
         if encoded is None:
             encoded = _field(field_tag, _key_value(*attribute))
             if len(self.attributes) < self.BOUND:
-                self.attributes[field_tag, attribute] = encoded
+                self.attributes[key] = encoded
         return encoded
 
 

@@ -191,15 +191,18 @@ class Recorder(Tracing):
     def span(self, name: str, headers: dict[str, str]) -> Iterator[dict[str, str]]:
         parent = parent_from_headers(headers)
         trace_id = parent.trace_id if parent is not None else new_trace_id()
-        if not self._sampler(parent, trace_id):
-            yield headers
-            return
+        sampled = self._sampler(parent, trace_id)
         span_id, start = new_span_id(), time.time_ns()
         carrier = {k: v for k, v in headers.items() if k not in ("traceparent", "tracestate")}
-        carrier["traceparent"] = traceparent(trace_id, span_id)
+        # Not sampled, its parts still get its trace, flagged unsampled: each decides as
+        # its parent did, rather than sampling again as a trace of its own.
+        carrier["traceparent"] = traceparent(trace_id, span_id, sampled)
         state = parent.trace_state if parent is not None else ""
         if state:
             carrier["tracestate"] = state
+        if not sampled:
+            yield carrier
+            return
         error: BaseException | None = None
         try:
             yield carrier

@@ -174,6 +174,9 @@ async def _spawned(
         raise WorkerStartFailed(
             StartFailure.SPAWN, f"cannot start a worker process: {exc}"
         ) from exc
+    except BaseException:  # cancelled (a spare's spawn at shutdown)
+        parent_sock.close()
+        raise
     finally:
         child_sock.close()
     return process, parent_sock

@@ -64,6 +64,7 @@ class SpareProcesses:
     def __init__(self, spawn: SpareSpawner) -> None:
         self._spawn = spawn
         self._spares: dict[int | None, asyncio.Task[Spare]] = {}
+        self._closed = False
 
     def take(self, gpu_id: int | None) -> Spare | None:
         """The spare for ``gpu_id``, if one has started and is alive (it may still be
@@ -81,19 +82,20 @@ class SpareProcesses:
         return spare
 
     def replenish(self, gpu_id: int | None) -> None:
-        """Start a spare for ``gpu_id`` unless one is there."""
-        if gpu_id not in self._spares:
+        """Start a spare for ``gpu_id`` unless one is there (or the server is stopping)."""
+        if not self._closed and gpu_id not in self._spares:
             self._spares[gpu_id] = asyncio.ensure_future(self._started(gpu_id))
 
     async def _started(self, gpu_id: int | None) -> Spare:
         try:
             return await self._spawn(gpu_id)
-        except OSError as error:
+        except Exception as error:  # no spare: workers start as they would without one
             log.warning("no spare worker process for compiled models: %s", error)
             raise
 
     async def close(self) -> None:
         """Stop every spare (a server's shutdown)."""
+        self._closed = True
         tasks = list(self._spares.values())
         self._spares.clear()
         for task in tasks:

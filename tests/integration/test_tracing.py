@@ -251,3 +251,13 @@ def test_a_dead_exporter_process_is_replaced(
 def test_an_exporter_the_process_cannot_build_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="zipkin"):
         ExporterProcess({**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"})
+
+
+def test_the_console_exporter_prints_to_the_servers_stdout(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    process = ExporterProcess({**os.environ, "OTEL_TRACES_EXPORTER": "console"})
+    assert process.send(_records(2, first=0x9000))
+    process.close()
+    printed = capfd.readouterr().out
+    assert '"name": "span 0"' in printed and '"name": "span 1"' in printed

@@ -402,3 +402,13 @@ def test_a_failing_workflow_ends_its_span_with_the_error() -> None:
     assert span.status.status_code is StatusCode.ERROR
     with NO_TRACING.span("workflow wf", {"x-a": "1"}) as untraced:
         assert untraced == {"x-a": "1"}
+
+
+def test_an_unsampled_workflow_gives_its_nodes_its_trace_flagged_unsampled() -> None:
+    tracing, exported = _otel(sampler="parentbased_always_off")
+    with tracing.span("workflow wf", {"x-a": "1"}) as sent:
+        flags = sent["traceparent"].split("-")[3]
+        assert flags == "00" and sent["x-a"] == "1"
+        # A node's request under it: parent-based, so not sampled either.
+        assert tracing.request("m", "1", "r1", sent) is None
+    assert exported.get_finished_spans() == ()
