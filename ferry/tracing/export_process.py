@@ -34,12 +34,13 @@ from typing import IO
 from ferry.errors import ConfigError
 from ferry.tracing.otel import (
     InProcessExport,
+    configured_sampler,
     exporter_from_environment,
-    otel_tracing,
+    exports,
     resource_from,
 )
 from ferry.tracing.recorder import BoundedExport, Recorder
-from ferry.tracing.records import SpanRecord, sampler_from_environment
+from ferry.tracing.records import SpanRecord
 
 log = logging.getLogger("ferry.tracing")
 
@@ -145,15 +146,12 @@ class ExporterProcess:
 
 
 def process_tracing(environ: Mapping[str, str] | None = None) -> Recorder:
-    """Ferry's tracing as the server runs it: the exporter the ``OTEL_*`` variables name
-    (refused here, at start-up, when they are wrong), in a process of its own."""
+    """Ferry's tracing as the server runs it: the exporter the ``OTEL_*`` variables name,
+    in a process of its own, which builds it (a wrong variable is refused at start-up
+    all the same: the process answers ``failed``, a ``ConfigError`` here)."""
     env = os.environ if environ is None else environ
-    exporter = exporter_from_environment(env)
-    tracing = otel_tracing(None, environ=env)  # checks the sampler's variables
-    if exporter is None:
-        return tracing
-    exporter.shutdown()  # checked, not used: the process makes its own
-    return Recorder(sampler_from_environment(env), BoundedExport(ExporterProcess(env)))
+    sampler = configured_sampler(env)
+    return Recorder(sampler, BoundedExport(ExporterProcess(env)) if exports(env) else None)
 
 
 def _next_batch(source: IO[bytes]) -> list[SpanRecord] | None:

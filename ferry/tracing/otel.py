@@ -31,7 +31,7 @@ from ferry.errors import ConfigError
 from ferry.tracing import INSTALL_HINT
 from ferry.tracing.otlp_wire import RequestEncoder
 from ferry.tracing.recorder import BoundedExport, Recorder
-from ferry.tracing.records import SpanRecord, sampler_from_environment
+from ferry.tracing.records import Sampler, SpanRecord, sampler_from_environment
 
 log = logging.getLogger("ferry.tracing")
 
@@ -47,14 +47,24 @@ def otel_tracing(
     """Ferry's tracing: the sampler and resource from the environment, spans to
     ``exporter`` through a bounded queue (none recorded without an exporter)."""
     env = os.environ if environ is None else environ
-    try:
-        sampler = sampler_from_environment(env)
-    except ValueError as error:
-        raise ConfigError(str(error)) from error
+    sampler = configured_sampler(env)
     if exporter is None:
         return Recorder(sampler, None)
     export = BoundedExport(InProcessExport(exporter, resource_from(env)), max_queue)
     return Recorder(sampler, export)
+
+
+def configured_sampler(environ: Mapping[str, str]) -> Sampler:
+    """The sampler ``OTEL_TRACES_SAMPLER`` names; a ``ConfigError`` naming the variable."""
+    try:
+        return sampler_from_environment(environ)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+def exports(environ: Mapping[str, str]) -> bool:
+    """Whether ``OTEL_TRACES_EXPORTER`` asks for an exporter at all (not ``none``)."""
+    return environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() != "none"
 
 
 def resource_from(environ: Mapping[str, str]) -> Resource:
@@ -119,9 +129,9 @@ def exporter_from_environment(environ: Mapping[str, str] | None = None) -> SpanE
     """The exporter ``OTEL_TRACES_EXPORTER`` names (``otlp`` by default; None for
     ``none``); OTLP over the protocol its variables name."""
     env = os.environ if environ is None else environ
-    name = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
-    if name == "none":
+    if not exports(env):
         return None
+    name = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if name == "console":
         return ConsoleSpanExporter()
     if name != "otlp":
