@@ -421,13 +421,13 @@ def write(figures: Figures, models: list[str]) -> None:
         "served first answer includes the first worker's compilation of the warm-up batches "
         "(ahead of their first call, saved in the model's compile cache). The second worker "
         "is a scale-up from one worker to two: it gets one torch thread instead of two, and "
-        "compiled graphs are specific to the thread count (Inductor's CPU kernels, Dynamo's "
-        "guards), so it compiles its own, once. The restarted worker (that second worker's "
-        "process killed, once the server's spare process has imported torch's compiler, as "
-        "in service long before a crash) starts in that spare "
-        "(`spare_worker_for_compiled_models`, on by default), loads the graphs compiled "
-        "for its thread count and compiles nothing; the other formats' servers keep no "
-        "spare. "
+        "loads the graphs the first compiled with two (their kernels run with any thread "
+        "count: Inductor's `cpp.dynamic_threads`, set in Ferry's workers of compiled "
+        "models), in the server's spare process (`spare_worker_for_compiled_models`, on by "
+        "default), which has torch's compiler imported. The restarted worker (that second "
+        "worker's process killed, once the next spare has imported torch's compiler, as in "
+        "service long before a crash) starts in that spare, loads the graphs and compiles "
+        "nothing; the other formats' servers keep no spare. "
         "AOTInductor's compile time is `ferry archive --aot-inductor` (the export, the "
         "compilation and the check against the eager model); no worker compiles.",
         "",
@@ -436,27 +436,32 @@ def write(figures: Figures, models: list[str]) -> None:
 
 
 def _compiled_once(figures: Figures, name: str) -> list[str]:
-    """What compiling costs each worker: its start-up beyond TorchScript's in the same
-    case (the first worker's includes the compilation), and the later workers' share of
-    the first's."""
+    """What compiling costs: once (torch.compile: the first worker's start-up beyond
+    TorchScript's in the same case; AOTInductor: ``ferry archive``), then each later
+    worker (its start-up beyond TorchScript's) and its share of the first cost."""
     ts = f"{name} | TorchScript"
     lines = [
-        "| format | first worker: compile cost (s) | second worker: cost (s) | share | "
+        "| format | compile cost, once (s) | second worker: cost (s) | share | "
         "restarted worker: cost (s) | share |",
         "|---|---|---|---|---|---|",
     ]
     for fmt in ("torch.compile", "AOTInductor"):
         key = f"{name} | {fmt}"
         first = figures.first_answer_s[key] - figures.first_answer_s[ts]
+        if fmt == "AOTInductor":
+            first = figures.compile_s[key]  # no worker compiles
         second = figures.second_worker_s[key] - figures.second_worker_s[ts]
         restarted = figures.restarted_worker_s[key] - figures.restarted_worker_s[ts]
         # + 0.0: a cost that rounds to zero from below prints as 0.0, not -0.0
         lines.append(
-            f"| {fmt} | {first:.1f} | {second:.1f} | {second / first:.0%} "
+            f"| {fmt} | {first:.1f} | {round(second, 1) + 0.0:.1f} "
+            f"| {round(second / first, 2) + 0.0:.0%} "
             f"| {round(restarted, 1) + 0.0:.1f} | {round(restarted / first, 2) + 0.0:.0%} |"
         )
     return [
-        "Start-up beyond TorchScript's (the same case, the same server):",
+        "Start-up beyond TorchScript's (the same case, the same server), against the cost "
+        "of compiling once (torch.compile: in the first worker, its first answer beyond "
+        "TorchScript's; AOTInductor: `ferry archive --aot-inductor`):",
         "",
         *lines,
         "",

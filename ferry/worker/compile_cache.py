@@ -11,6 +11,10 @@ there and loads them instead of compiling: Inductor's own cache keys (the graph,
 the device, the compile options) decide a hit, so a changed model, torch or GPU compiles
 afresh and never runs stale kernels.
 
+The model's workers may have different torch thread counts (a scale-up splits the cores
+again): their kernels are generated for any count (``kernels_for_any_thread_count``), so
+one compile serves them all.
+
 Workers that start together would all compile: while one worker of a model that compiles
 loads it, the others wait on a lock in the cache folder, then load from the cache.
 
@@ -41,6 +45,7 @@ OPERATOR_CACHE = os.environ.get(CACHE_VARIABLE)
 """The cache the server was started with, if the operator chose one (read once, before
 any model of this process sets its own)."""
 LOCK_FILE = "loading.lock"
+DYNAMIC_THREADS_VARIABLE = "TORCHINDUCTOR_CPP_DYNAMIC_THREADS"
 
 
 def cache_folder(root: Path, torch_version: str, device: str) -> Path:
@@ -82,6 +87,19 @@ def inductor_counts() -> CacheCounts:
     )
 
 
+def kernels_for_any_thread_count() -> None:
+    """Inductor's CPU kernels generated for whatever torch thread count they run with
+    (``cpp.dynamic_threads``), not for this worker's: the model's other workers, which
+    may have another count (a scale-up splits the cores again), then use them and the
+    graphs saved with them (``ferry.handlers.builtin.precompile``) instead of compiling
+    their own. Unless the operator set ``TORCHINDUCTOR_CPP_DYNAMIC_THREADS``."""
+    if DYNAMIC_THREADS_VARIABLE in os.environ:
+        return
+    from torch._inductor import config
+
+    config.cpp.dynamic_threads = True
+
+
 @contextlib.contextmanager
 def model_compile_cache(
     root: str, gpu_id: int | None, model_yaml_config: dict[str, Any]
@@ -90,6 +108,8 @@ def model_compile_cache(
     a model that compiles as it loads, that load alone among its workers (the others
     wait, then hit the cache). Yields the cache folder, or None when there is none (a
     loader without one, or the operator's own cache)."""
+    if compiles(model_yaml_config):
+        kernels_for_any_thread_count()
     if not root or OPERATOR_CACHE is not None:
         yield None
         return

@@ -36,6 +36,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ferry.config.settings import available_cores
 from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.torch_setup import SPARE_READY
 from tests.fixtures.models import HANDLERS, write_config
@@ -139,17 +140,17 @@ def _for_another_device(store: Path, scratch: Path) -> None:
     write_archive(spec, store, force=True)
 
 
-def _cached_archive(store: Path, scratch: Path) -> None:
+def _cached_archive(store: Path, scratch: Path, name: str = "cached", workers: int = 2) -> None:
     """``cached``: the eager model with ``torch.compile``, two workers, warmed up at load."""
     model_file, weights = _sources(scratch)
     config = {
-        "minWorkers": 2,
+        "minWorkers": workers,
         "maxWorkers": 2,
         "startupTimeout": 600,
         "optimization": {"compile": "default", "warmup": {"input_shape": [3], "batch_sizes": [2]}},
     }
     spec = ArchiveSpec(
-        model_name="cached",
+        model_name=name,
         handler=HANDLER,
         serialized_file=weights,
         model_file=model_file,
@@ -219,6 +220,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     assert done.returncode == 0, done.stderr
     _for_another_device(store, tmp / "forged")
     _cached_archive(store, tmp / "cached-src")
+    _cached_archive(store, tmp / "scaled-src", name="scaled", workers=1)
     _torchserve_examples_archives(store, tmp / "torchserve-example")
     return tmp, store, done.stderr
 
@@ -226,7 +228,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 @pytest.fixture(scope="module")
 def server(compiled: tuple[Path, Path, str]) -> Iterator[RunningServer]:
     tmp, store, _ = compiled
-    models = ["tiny=tiny.mar", "gpu_only=gpu_only.mar", "cached=cached.mar"]
+    models = ["tiny=tiny.mar", "gpu_only=gpu_only.mar", "cached=cached.mar", "scaled=scaled.mar"]
     models += ["res_so=res_so.mar", "res_ts=res_ts.mar"]
     (tmp / "server-tmp").mkdir()
     with pytest.MonkeyPatch.context() as patch:
@@ -291,10 +293,7 @@ def test_the_second_worker_loads_the_first_workers_compiled_graphs(
     tmp, _, _ = compiled
 
     def reports() -> list[tuple[int, int]]:
-        lines = re.findall(
-            r"compile cache \S+: (\d+) compiled graphs loaded from it, (\d+) compiled", server.log()
-        )
-        return [(int(loaded), int(made)) for loaded, made in lines]
+        return _cache_reports(server.log(), "cached")
 
     wait_until("both workers of cached to load", lambda: len(reports()) == 2)
     first, second = sorted(reports(), key=lambda report: report[1], reverse=True)
@@ -307,6 +306,40 @@ def test_the_second_worker_loads_the_first_workers_compiled_graphs(
         assert answer.status_code == 200, answer.text
 
 
+def _cache_reports(log: str, model: str) -> list[tuple[int, int]]:
+    """Graphs loaded and compiled by each worker of ``model`` that has loaded it."""
+    found = re.findall(
+        rf"compile cache \S*/{model}-compile-cache-\S+: (\d+) compiled graphs loaded from it, "
+        r"(\d+) compiled",
+        log,
+    )
+    return [(int(loaded), int(made)) for loaded, made in found]
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="one core: every worker has 1 torch thread")
+def test_a_scaled_up_worker_with_fewer_threads_loads_the_graphs_and_compiles_none(
+    server: RunningServer,
+) -> None:
+    """``scaled`` starts with one worker, which has every core's thread; a second one
+    splits the cores, so it has fewer. It loads the first worker's graphs all the same."""
+    wait_until("scaled's worker to load", lambda: len(_cache_reports(server.log(), "scaled")) == 1)
+    with server.management() as management:
+        scaled = management.put(
+            "/models/scaled", params={"min_worker": 2, "max_worker": 2, "synchronous": "true"}
+        )
+        assert scaled.status_code == 200, scaled.text
+    wait_until(
+        "the second worker's report", lambda: len(_cache_reports(server.log(), "scaled")) == 2
+    )
+    (_, compiled_first), (loaded, compiled) = _cache_reports(server.log(), "scaled")
+    assert compiled_first > 0 and loaded > 0 and compiled == 0
+    assert f"({available_cores()} torch threads) loaded from" in server.log()
+    with server.client() as client:
+        for _ in range(4):
+            answer = client.post("/predictions/scaled", json=[1.0, 2.0, 3.0])
+            assert answer.status_code == 200, answer.text
+
+
 def test_a_restarted_worker_of_a_compiled_model_starts_in_the_spare_process(
     server: RunningServer,
 ) -> None:
@@ -315,7 +348,16 @@ def test_a_restarted_worker_of_a_compiled_model_starts_in_the_spare_process(
     the compiled graphs, compiles nothing, and answers."""
 
     def spares() -> list[int]:
-        return _children_with(server.process.pid, "--preload-compiler")
+        """Processes started as spares that no worker has taken over (a taken one keeps
+        its command line: ``scaled``'s second worker may be one)."""
+        with server.management() as management:
+            workers = {
+                worker["pid"]
+                for model in ("cached", "scaled")
+                for worker in management.get(f"/models/{model}").json()[0]["workers"]
+            }
+        started = _children_with(server.process.pid, "--preload-compiler")
+        return [pid for pid in started if pid not in workers]
 
     wait_until("a spare process", lambda: len(spares()) == 1)
     (spare,) = spares()

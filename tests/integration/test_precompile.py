@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import nn
 from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
 
 from ferry.handlers.builtin import precompile
 from ferry.handlers.builtin.base_handler import BaseHandler
@@ -102,6 +103,32 @@ def test_a_second_load_compiles_nothing_and_answers_as_the_eager_model(
         batch = torch.randn(4, 3, 8, 8)
         torch.testing.assert_close(second(batch), second_model(batch), rtol=1e-4, atol=1e-5)
     assert (_snapshot() - before_second)["traced graphs"] > 0
+
+
+def test_a_worker_with_another_thread_count_loads_the_graphs_and_compiles_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A scale-up splits the cores again: the first worker compiled with 2 torch threads,
+    the next has 1. Its saved graphs' kernels run with any count (as Ferry's workers make
+    them), so it loads them and neither traces nor compiles, at any batch size."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    threads = torch.get_num_threads()
+    try:
+        with inductor_config.patch({"cpp.dynamic_threads": True}):
+            torch.set_num_threads(2)
+            torch._dynamo.reset()
+            precompile.compile_once(_model(seed=0), "default", _examples())
+            torch.set_num_threads(1)
+            torch._dynamo.reset()
+            before = _snapshot()
+            eager = _model(seed=1)
+            second = precompile.compile_once(eager, "default", _examples())
+            _answers_as_eager(second, eager, (1, 4, 3))
+            done = _snapshot() - before
+    finally:
+        torch.set_num_threads(threads)
+    assert done["saved graphs loaded"] == 2
+    assert done["traced graphs"] == 0 and done["inductor compiled"] == 0, done
 
 
 def test_padded_and_unpadded_batches_run_on_the_saved_graphs(

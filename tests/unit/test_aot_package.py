@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._inductor import config as inductor_config
 
 from ferry.config.sections import compiles, parse_optimization, torchserve_compile_options
 from ferry.errors import ArchiveError, ConfigError
@@ -215,14 +216,32 @@ def test_a_compiling_model_loads_alone_with_its_cache_set(
 ) -> None:
     monkeypatch.setattr(compile_cache, "OPERATOR_CACHE", None)
     monkeypatch.delenv(compile_cache.CACHE_VARIABLE, raising=False)
+    monkeypatch.delenv(compile_cache.DYNAMIC_THREADS_VARIABLE, raising=False)
     config = {"optimization": {"compile": "default"}}
-    with model_compile_cache(str(tmp_path), None, config) as folder:
-        assert folder is not None and folder.parent == tmp_path
-        assert os.environ[compile_cache.CACHE_VARIABLE] == str(folder)
-        assert _lock_is_held(folder)
+    with inductor_config.patch({"cpp.dynamic_threads": False}):
+        with model_compile_cache(str(tmp_path), None, {}) as plain:
+            assert plain is not None and not inductor_config.cpp.dynamic_threads
+        with model_compile_cache(str(tmp_path), None, config) as folder:
+            assert folder is not None and folder.parent == tmp_path
+            assert os.environ[compile_cache.CACHE_VARIABLE] == str(folder)
+            assert _lock_is_held(folder)
+            # Kernels for any torch thread count: one compile for workers of every count.
+            assert inductor_config.cpp.dynamic_threads
     assert not _lock_is_held(folder)
     with model_compile_cache(str(tmp_path), None, {}) as plain:
         assert plain == folder and not _lock_is_held(folder)  # no compile: loads in parallel
+
+
+def test_the_operators_choice_of_kernels_for_one_thread_count_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(compile_cache.DYNAMIC_THREADS_VARIABLE, "0")
+    config = {"optimization": {"compile": "default"}}
+    with (
+        inductor_config.patch({"cpp.dynamic_threads": False}),
+        model_compile_cache(str(tmp_path), None, config),
+    ):
+        assert not inductor_config.cpp.dynamic_threads
 
 
 def test_the_operators_own_cache_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

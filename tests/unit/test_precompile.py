@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch._inductor import config as inductor_config
 
 from ferry.config.sections import parse_optimization
 from ferry.handlers.builtin import precompile
@@ -45,14 +46,22 @@ def test_the_key_holds_what_the_graphs_were_compiled_for_but_not_the_weights() -
         "structure": artifact_path(ROOT, _mlp(hidden=5), "default", _examples(1, 4)),
         "parameter dtype": artifact_path(ROOT, _mlp().half(), "default", _examples(1, 4)),
     }
-    threads = torch.get_num_threads()
-    torch.set_num_threads(threads + 1)
-    try:
-        changed["torch threads"] = artifact_path(ROOT, model, "default", _examples(1, 4))
-    finally:
-        torch.set_num_threads(threads)
     assert all(other != path for other in changed.values()), changed
     assert len(set(changed.values())) == len(changed)
+
+
+@pytest.mark.parametrize("any_count", [True, False])
+def test_the_key_holds_the_thread_count_only_for_kernels_made_for_one(any_count: bool) -> None:
+    model, examples = _mlp(), _examples(1, 4)
+    with inductor_config.patch({"cpp.dynamic_threads": any_count}):
+        path = artifact_path(ROOT, model, "default", examples)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            other_count = artifact_path(ROOT, model, "default", examples)
+        finally:
+            torch.set_num_threads(threads)
+    assert (other_count == path) is any_count
 
 
 def test_the_key_tells_a_channels_last_input_from_a_contiguous_one() -> None:
@@ -88,9 +97,15 @@ class _Graph:
     def __init__(self, accepts: int, answer: str) -> None:
         self.accepts, self.answer = accepts, answer
         self.seen: list[Any] = []
+        self.threads_seen: list[int] = []
+        self.checks_its_own_guards = True
+
+    def disable_guard_check(self) -> None:
+        self.checks_its_own_guards = False
 
     def guard_check(self, model: Any, batch: torch.Tensor) -> bool:
         self.seen.append(model)
+        self.threads_seen.append(torch.get_num_threads())
         return batch.shape[0] == self.accepts
 
     def __call__(self, model: Any, batch: torch.Tensor) -> str:
@@ -117,6 +132,23 @@ def test_a_call_goes_to_the_first_graph_whose_guards_accept_it_else_to_torch_com
     assert forward(torch.zeros(3, 3)) == "compiled as it runs"
     assert fallback_calls == [(3, 3)]
     assert all(seen is model for seen in one.seen + many.seen)
+    # Checked here, and not again by the graph as it is called.
+    assert not one.checks_its_own_guards and not many.checks_its_own_guards
+
+
+def test_guards_are_checked_at_the_thread_count_the_graphs_were_traced_at() -> None:
+    """Dynamo guards on the count; a worker with another one runs the graphs all the
+    same (their kernels are made for any count), and keeps its own count."""
+    threads = torch.get_num_threads()
+    graph = _Graph(1, "graph for 1")
+    forward = GuardedForward(_mlp(), _Saved(graph), lambda _: "compiled as it runs", threads + 1)
+    assert forward(torch.zeros(1, 3)) == "graph for 1"
+    assert forward(torch.zeros(2, 3)) == "compiled as it runs"
+    assert graph.threads_seen == [threads + 1, threads + 1]
+    assert torch.get_num_threads() == threads
+    same = _Graph(1, "graph for 1")
+    GuardedForward(_mlp(), _Saved(same), lambda _: None, threads)(torch.zeros(1, 3))
+    assert same.threads_seen == [threads]
 
 
 def test_a_model_the_capture_cannot_take_is_compiled_the_ordinary_way(
@@ -161,7 +193,9 @@ def test_a_saved_file_that_does_not_load_is_compiled_again_and_replaced(
     assert compiled_again == [True]
     assert compiled.forward(torch.zeros(1, 3)) == "fresh"
     assert "did not load" in caplog.text and str(damaged) in caplog.text
-    assert damaged.read_bytes() == b"fresh graphs"  # replaced whole
+    threads = torch.get_num_threads()
+    # Replaced whole, with the thread count the graphs were traced at.
+    assert damaged.read_bytes() == precompile.HEADER + f"{threads}\n".encode() + b"fresh graphs"
     assert list(damaged.parent.iterdir()) == [damaged]  # no partial file left
 
 

@@ -18,10 +18,16 @@ A call the saved guards reject (another shape or dtype, a call outside
 model the capture cannot take whole (a graph break) or a saved file that does not load
 is compiled the ordinary way, with a warning saying why.
 
-The graphs are compiled for the worker's torch thread count: Inductor generates CPU
-kernels for it (per-thread buffers among them) and Dynamo's guards check it. Workers with
-another count (a scale-up that splits the cores again: one worker with 2 threads, then a
-second with 1) compile their own, once per count, saved beside the first.
+Graphs of any thread count: a scale-up splits the cores again (one worker with 2 torch
+threads, then two with 1 each), and a restarted worker may get another count than the
+one it replaces. Ferry's workers compile with Inductor's ``cpp.dynamic_threads``
+(``ferry.worker.compile_cache``): the kernels ask OpenMP for the thread count as they run
+instead of being generated for one (no slower on this project's 2-core CPU: ResNet-18,
+1 and 2 threads, measured). Dynamo still guards on the count the graphs were traced at,
+for kernels that would depend on it; these do not, so the saved file records that count
+and the guards of graphs loaded by a worker with another one are checked under it. An
+operator who turns the option off (``TORCHINDUCTOR_CPP_DYNAMIC_THREADS=0``) gets graphs
+for one thread count each, saved side by side.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from ferry.handlers.builtin.vector_isa import vector_isa_from_cpu_flags
 log = logging.getLogger("ferry.handlers")
 
 FOLDER = "ferry-precompiled"
+HEADER = b"ferry-precompiled 1 threads="
+"""The saved file's first line, ending with the torch thread count the graphs were traced
+at; their serialized form follows."""
 COUNTERS = "ferry_precompile"
 """Key in torch's ``counters``: ``loaded`` and ``compiled`` graphs in this process (read by
 ``ferry.worker.compile_cache`` for its log line, beside Inductor's own)."""
@@ -72,11 +81,11 @@ def _load_or_compile(
     fallback: Callable[..., Any],
 ) -> Any:
     try:
-        compiled = _load(model, mode, path) if path.exists() else None
+        loaded = _load(model, mode, path) if path.exists() else None
     except Exception as error:  # a file from an incompatible torch, or damaged
         log.warning("precompiled graphs at %s did not load (%s); compiling again", path, error)
-        compiled = None
-    if compiled is None:
+        loaded = None
+    if loaded is None:
         try:
             compiled = _compile(model, mode, examples)
         except Exception as error:  # a graph break, or an op the capture does not take
@@ -86,25 +95,52 @@ def _load_or_compile(
                 _first_line(error),
             )
             return fallback
-        _save(compiled, path)
-    compiled.forward = GuardedForward(model, compiled.forward, fallback)
+        traced_at = torch.get_num_threads()
+        _save(compiled, path, traced_at)
+    else:
+        compiled, traced_at = loaded
+    compiled.forward = GuardedForward(model, compiled.forward, fallback, traced_at)
     return compiled
 
 
 class GuardedForward:
     """The saved graphs' dispatch by their guards, and the ordinary ``torch.compile`` for
-    a call none of them accepts (torch's own dispatch raises instead)."""
+    a call none of them accepts (torch's own dispatch raises instead).
 
-    def __init__(self, model: torch.nn.Module, saved: Any, fallback: Callable[..., Any]) -> None:
+    ``traced_at``: the torch thread count the graphs were traced at, under which their
+    guards are checked (their kernels run with any count: the module's docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        saved: Any,
+        fallback: Callable[..., Any],
+        traced_at: int | None = None,
+    ) -> None:
         self._model = model
         self._graphs = list(saved.compiled_results)
+        for graph in self._graphs:
+            graph.disable_guard_check()  # checked here, once, before each call
         self._fallback = fallback
+        self._traced_at = traced_at
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for graph in self._graphs:
-            if graph.guard_check(self._model, *args, **kwargs):
+            if self._accepts(graph, args, kwargs):
                 return graph(self._model, *args, **kwargs)
         return self._fallback(*args, **kwargs)
+
+    def _accepts(self, graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        threads = torch.get_num_threads()
+        if self._traced_at in (None, threads):
+            return bool(graph.guard_check(self._model, *args, **kwargs))
+        # Setting the count only sets OpenMP's for the next parallel region (no thread
+        # starts or stops): under a microsecond there and back, measured.
+        torch.set_num_threads(self._traced_at)
+        try:
+            return bool(graph.guard_check(self._model, *args, **kwargs))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def cache_root() -> Path:
@@ -118,17 +154,25 @@ def cache_root() -> Path:
 def artifact_path(
     root: Path, model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]
 ) -> Path:
-    """The saved graphs' file: a key of everything they were compiled for (this worker's
-    torch threads included) except the weights, which they read from the model at each
-    call."""
+    """The saved graphs' file: a key of everything they were compiled for except the
+    weights, which they read from the model at each call, and the torch thread count,
+    unless Inductor generates kernels for one count (the module's docstring)."""
     key = hashlib.sha256()
     threads = f"{torch.get_num_threads()} threads"
+    if _kernels_for_any_thread_count():
+        threads = "any threads"
     for part in (torch.__version__, mode, threads, _fingerprint(model)):
         key.update(part.encode())
     for example in examples:
         layout = "channels_last" if _channels_last(example) else "contiguous"
         key.update(f"{tuple(example.shape)} {example.dtype} {example.device} {layout}".encode())
     return root / FOLDER / f"{key.hexdigest()[:32]}.bin"
+
+
+def _kernels_for_any_thread_count() -> bool:
+    from torch._inductor import config
+
+    return bool(config.cpp.dynamic_threads)
 
 
 def _fingerprint(model: torch.nn.Module) -> str:
@@ -175,14 +219,14 @@ def _compile(model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]
     return compiled
 
 
-def _save(compiled: Any, path: Path) -> None:
+def _save(compiled: Any, path: Path, traced_at: int) -> None:
     """Written whole or not at all (a worker killed mid-write leaves no half file)."""
     try:
         with torch._dynamo.config.patch(enable_aot_compile=True):
             data = compiled._save_aot_compiled_module()
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_bytes(data)
+        partial.write_bytes(HEADER + f"{traced_at}\n".encode() + data)
         partial.replace(path)
     except Exception as error:  # the model is compiled: only later workers lose
         log.warning("compile: the compiled graphs were not saved to %s (%s)", path, error)
@@ -190,16 +234,26 @@ def _save(compiled: Any, path: Path) -> None:
     log.info("compile: graphs compiled ahead of their first call, saved to %s", path)
 
 
-def _load(model: torch.nn.Module, mode: str, path: Path) -> Any:
-    """Loaded under ``torch.inference_mode``: the guards are rebuilt against the dispatch
-    state they are loaded in, which must be the one the worker calls them in."""
+def _load(model: torch.nn.Module, mode: str, path: Path) -> tuple[Any, int]:
+    """The compiled module and the thread count its graphs were traced at. Loaded under
+    ``torch.inference_mode``: the guards are rebuilt against the dispatch state they are
+    loaded in, which must be the one the worker calls them in."""
+    header, _, data = path.read_bytes().partition(b"\n")
+    if not header.startswith(HEADER):
+        raise ValueError("not a file of Ferry's saved graphs")
+    traced_at = int(header.removeprefix(HEADER))
     compiled: Any = torch.compile(model, mode=mode, fullgraph=True)  # an OptimizedModule
     with torch._dynamo.config.patch(enable_aot_compile=True), torch.inference_mode():
-        compiled._load_aot_compiled_module(path.read_bytes())
+        compiled._load_aot_compiled_module(data)
     graphs = len(compiled.forward.compiled_results)
     _count("loaded", graphs)
-    log.info("compile: %d graphs compiled by an earlier worker loaded from %s", graphs, path)
-    return compiled
+    log.info(
+        "compile: %d graphs compiled by an earlier worker (%d torch threads) loaded from %s",
+        graphs,
+        traced_at,
+        path,
+    )
+    return compiled, traced_at
 
 
 def _count(what: str, graphs: int) -> None:
