@@ -9,6 +9,10 @@ settings, one worker, the same no-op archive, the same load generator (this tree
 ``ferry bench load`` machinery), closed loop. Each round measures every server, each
 going first in turn; a warm-up precedes every measurement. Writes the medians and this
 tree's ratio to each base to ``benchmarks/results/revision_ab.md``.
+
+With ``--tracing grpc`` (or ``http/protobuf``), every server traces every request and
+exports over OTLP to one collector stand-in (``benchmarks/otlp_sink.py``, as
+``tracing_overhead.py`` runs it): what a change to tracing costs or saves.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
 from benchmarks.common import ROOT, machine_description, noop_archive, publish
+from benchmarks.tracing_overhead import SINK_NICENESS, collector
 from ferry.bench.load import LoadSpec, run_load
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,7 +56,9 @@ def worktree(revision: str, folder: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def served(source: Path, store: Path, work: Path) -> Iterator[str]:
+def served(
+    source: Path, store: Path, work: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
     """``ferry serve`` from ``source`` on free ports; the no-op model's URL."""
     ready = work / f"ready-{time.monotonic_ns()}.json"
     loopback = "http://127.0.0.1:0"
@@ -62,7 +69,7 @@ def served(source: Path, store: Path, work: Path) -> Iterator[str]:
         *("--metrics-address", loopback),
     ]
     # gRPC ports by environment: a revision without gRPC ignores them (with a warning).
-    env = {**os.environ, "PYTHONPATH": str(source)}
+    env = {**os.environ, "PYTHONPATH": str(source), **(extra_env or {})}
     env |= {"FERRY_GRPC_INFERENCE_PORT": "0", "FERRY_GRPC_MANAGEMENT_PORT": "0"}
     with open(ready.with_suffix(".log"), "wb") as log:
         process = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=log)
@@ -101,11 +108,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--tracing",
+        choices=("grpc", "http/protobuf"),
+        help="trace every request, exported over OTLP with this protocol",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "revision_ab.md")
     args = parser.parse_args()
     bases: list[str] = list(dict.fromkeys(args.base or ["b05bbcd"]))
-    figures = measure(bases, args.rounds, args.seconds, args.concurrency)
+    figures = measure(bases, args.rounds, args.seconds, args.concurrency, args.tracing)
     command = " ".join(f"--base {base}" for base in bases)
+    if args.tracing:
+        command += f" --tracing {args.tracing}"
     publish(
         args.out,
         [
@@ -115,7 +129,13 @@ def main() -> None:
             f"Command: `python benchmarks/revision_ab.py {command} --rounds "
             f"{args.rounds} --seconds {args.seconds:g} --concurrency {args.concurrency}`: "
             "the no-op handler, closed loop, each server fresh with its defaults, the order "
-            "rotating between rounds, a warm-up of 2000 requests before each measurement.",
+            "rotating between rounds, a warm-up of 2000 requests before each measurement"
+            + (
+                f"; every request traced, exported over OTLP/{args.tracing} to "
+                f"`benchmarks/otlp_sink.py` (at niceness {SINK_NICENESS})."
+                if args.tracing
+                else "."
+            ),
             "",
             "| server | req/s per round | median |",
             "|---|---|---|",
@@ -133,7 +153,7 @@ THIS_TREE = "this tree"
 
 
 def measure(
-    bases: list[str], rounds: int, seconds: float, concurrency: int
+    bases: list[str], rounds: int, seconds: float, concurrency: int, tracing: str | None = None
 ) -> dict[str, list[float]]:
     """Requests/s per round of each base revision and of this tree (last), in that order."""
     figures: dict[str, list[float]] = {name: [] for name in [*bases, THIS_TREE]}
@@ -141,6 +161,14 @@ def measure(
         work = Path(tmp)
         store = work / "store"
         noop_archive(store, 8)
+        traced: dict[str, str] = {}
+        if tracing:
+            sink = checkouts.enter_context(collector(work, tracing))
+            traced = {
+                "FERRY_ENABLE_TRACING": "true",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": tracing,
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
+            }
         sources = {
             base: checkouts.enter_context(worktree(base, work / f"base-{index}"))
             for index, base in enumerate(bases)
@@ -150,7 +178,7 @@ def measure(
         for round_index in range(rounds):
             shift = round_index % len(names)  # each server goes first in turn
             for name in names[shift:] + names[:shift]:
-                with served(sources[name], store, work) as url:
+                with served(sources[name], store, work, traced) as url:
                     rate = throughput(url, concurrency, seconds)
                 figures[name].append(rate)
                 print(f"round {round_index + 1} {name}: {rate:.0f} req/s", flush=True)

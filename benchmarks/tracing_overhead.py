@@ -9,7 +9,8 @@ server's own cost per request) and ResNet-18 (TorchScript, the built-in image_cl
 224x224 JPEGs), batches of up to 8 within 5 ms (no-op) / 10 ms (ResNet-18), 16 clients,
 closed loop. Rounds alternate which server goes first; medians and ratios go to
 ``benchmarks/results/tracing_overhead.md`` with the spans the collector received and the
-spans the server dropped.
+spans the server dropped, and where the CPU went: each process's CPU time (``/proc``)
+during each no-op measurement, per request answered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
@@ -40,7 +43,7 @@ from benchmarks.common import (
     resnet18_archive,
 )
 from benchmarks.server import ferry_server
-from ferry.bench.load import LoadSpec, run_load
+from ferry.bench.load import LoadResult, LoadSpec, run_load
 
 SINK = Path(__file__).with_name("otlp_sink.py")
 SINK_NICENESS = 10
@@ -50,10 +53,17 @@ CLIENTS = 16
 SERVERS = ("tracing off", "tracing on", "tracing on, 10% sampled")
 
 
+@dataclass(frozen=True)
+class Collector:
+    url: str
+    counts: Path
+    """The file it counts the spans it received into."""
+    pid: int
+
+
 @contextlib.contextmanager
-def collector(work: Path, protocol: str) -> Iterator[tuple[str, Path]]:
-    """The OTLP stand-in (``otlp_sink.py``) for ``protocol``: its URL and the file it
-    counts into."""
+def collector(work: Path, protocol: str) -> Iterator[Collector]:
+    """The OTLP stand-in (``otlp_sink.py``) for ``protocol``."""
     ready, counts = work / "sink.json", work / "sink-counts.json"
     grpc = ["--grpc"] if protocol == "grpc" else []
     command = [
@@ -72,18 +82,57 @@ def collector(work: Path, protocol: str) -> Iterator[tuple[str, Path]]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the OTLP sink did not start")
             time.sleep(0.05)  # polling the file the sink writes once it listens
-        yield json.loads(ready.read_text())["url"], counts
+        yield Collector(json.loads(ready.read_text())["url"], counts, process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
 
 
-def throughput(url: str, payloads: list[bytes], seconds: float) -> float:
+def load(url: str, payloads: list[bytes], seconds: float) -> LoadResult:
     asyncio.run(run_load(LoadSpec(url, payloads, concurrency=CLIENTS, requests=4 * CLIENTS)))
     result = asyncio.run(run_load(LoadSpec(url, payloads, concurrency=CLIENTS, duration=seconds)))
     if result.failed:
         raise RuntimeError(f"{result.failed} requests to {url} failed")
-    return result.throughput
+    return result
+
+
+CPU_ROLES = ("server", "worker", "exporter", "collector stand-in", "load generator")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU time so far (0 once it has ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _roles(server_pid: int, collector_pid: int) -> dict[int, str]:
+    """The processes whose CPU a measurement counts: the server, its children (its
+    worker, its exporter process), the collector stand-in and this process (the load
+    generator)."""
+    roles = {
+        server_pid: "server",
+        collector_pid: "collector stand-in",
+        os.getpid(): "load generator",
+    }
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or it ended
+        if parent == server_pid:
+            roles[int(entry.name)] = "exporter" if b"export_process" in command else "worker"
+    return roles
+
+
+def _cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
+    spent = dict.fromkeys(CPU_ROLES, 0.0)
+    for pid, role in roles.items():
+        spent[role] += _cpu_seconds(pid)
+    return spent
 
 
 def dropped_spans(metrics_url: str) -> float:
@@ -96,18 +145,21 @@ def dropped_spans(metrics_url: str) -> float:
 
 def measure(
     rounds: int, seconds: float, protocol: str
-) -> tuple[dict[str, list[float]], dict[str, float]]:
+) -> tuple[dict[str, list[float]], dict[str, float], dict[str, dict[str, list[float]]]]:
+    """Requests/s per round by model and server; the spans received and dropped; the
+    no-op's CPU microseconds per request by server and process role, per round."""
     figures: dict[str, list[float]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {name: {} for name in SERVERS}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         store = work / "store"
         noop_archive(store, 8)
         resnet18_archive(store, 8, 10)
-        sink_url, counts = stack.enter_context(collector(work, protocol))
+        sink = stack.enter_context(collector(work, protocol))
         traced = {
             "FERRY_ENABLE_TRACING": "true",
             "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
         }
         sampled = {
             **traced,
@@ -129,15 +181,25 @@ def measure(
             for model in payloads:
                 for name in order:
                     url = f"{servers[name].url}/predictions/{model}"
-                    rate = throughput(url, payloads[model], seconds)
+                    roles = _roles(servers[name].pid, sink.pid)
+                    before = _cpu_by_role(roles)
+                    result = load(url, payloads[model], seconds)
+                    after = _cpu_by_role(roles)
+                    rate = result.throughput
                     figures.setdefault(f"{model} | {name}", []).append(rate)
+                    if model == "noop":
+                        for role in CPU_ROLES:
+                            per_request = (after[role] - before[role]) / result.requests * 1e6
+                            cpu[name].setdefault(role, []).append(per_request)
                     print(f"round {index + 1} {model} {name}: {rate:.1f} req/s", flush=True)
         time.sleep(2)  # the last spans' export interval (1 s) passing, for the counts below
         spans = {
             "dropped": sum(dropped_spans(servers[name].metrics_url) for name in SERVERS[1:]),
-            "received": float(json.loads(counts.read_text())["spans"]) if counts.exists() else 0,
+            "received": float(json.loads(sink.counts.read_text())["spans"])
+            if sink.counts.exists()
+            else 0,
         }
-    return figures, spans
+    return figures, spans, cpu
 
 
 def main() -> None:
@@ -152,7 +214,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "tracing_overhead.md")
     args = parser.parse_args()
-    figures, spans = measure(args.rounds, args.seconds, args.protocol)
+    figures, spans, cpu = measure(args.rounds, args.seconds, args.protocol)
     rows = []
     for model, label in (("noop", "no-op"), ("resnet18", "ResNet-18")):
         off = statistics.median(figures[f"{model} | tracing off"])
@@ -186,8 +248,34 @@ def main() -> None:
             f"Spans the collector received from the two traced servers: "
             f"{spans['received']:.0f}; spans they dropped "
             f"(`ferry_trace_spans_dropped_total`): {spans['dropped']:.0f}.",
+            "",
+            *_cpu_table(cpu),
         ],
     )
+
+
+def _cpu_table(cpu: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Where the no-op's CPU went, per request: medians of the rounds."""
+    medians = {
+        name: {role: statistics.median(cpu[name][role]) for role in CPU_ROLES} for name in SERVERS
+    }
+    rows = [
+        f"| {name} | "
+        + " | ".join(f"{medians[name][role]:.1f}" for role in CPU_ROLES)
+        + f" | {sum(medians[name].values()):.1f} |"
+        for name in SERVERS
+    ]
+    return [
+        "Where the CPU went, no-op model: each process's CPU time (user and system, from "
+        "`/proc`) during each measurement, per request answered, in microseconds; medians "
+        "of the rounds. On a machine where the collector has cores of its own, the server "
+        "pays the server, worker and exporter columns.",
+        "",
+        "| tracing | " + " | ".join(CPU_ROLES) + " | total |",
+        "|---|" + "---|" * (len(CPU_ROLES) + 1),
+        *rows,
+        "",
+    ]
 
 
 if __name__ == "__main__":
