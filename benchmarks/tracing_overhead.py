@@ -44,6 +44,7 @@ from benchmarks.common import (
 )
 from benchmarks.server import ferry_server
 from ferry.bench.load import LoadResult, LoadSpec, run_load
+from ferry.procinfo import cpu_seconds, descendants
 
 SINK = Path(__file__).with_name("otlp_sink.py")
 SINK_NICENESS = 10
@@ -99,39 +100,28 @@ def load(url: str, payloads: list[bytes], seconds: float) -> LoadResult:
 CPU_ROLES = ("server", "worker", "exporter", "collector stand-in", "load generator")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The process's user and system CPU time so far (0 once it has ended)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _roles(server_pid: int, collector_pid: int) -> dict[int, str]:
-    """The processes whose CPU a measurement counts: the server, its children (its
-    worker, its exporter process), the collector stand-in and this process (the load
+    """The processes whose CPU a measurement counts: the server, the processes it started
+    (its worker, its exporter process), the collector stand-in and this process (the load
     generator)."""
     roles = {
         server_pid: "server",
         collector_pid: "collector stand-in",
         os.getpid(): "load generator",
     }
-    for entry in Path("/proc").iterdir():
+    for pid in descendants(server_pid):
         try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue  # not a process, or it ended
-        if parent == server_pid:
-            roles[int(entry.name)] = "exporter" if b"export_process" in command else "worker"
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # it ended
+        roles[pid] = "exporter" if b"export_process" in command else "worker"
     return roles
 
 
 def _cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
     spent = dict.fromkeys(CPU_ROLES, 0.0)
     for pid, role in roles.items():
-        spent[role] += _cpu_seconds(pid)
+        spent[role] += cpu_seconds(pid)
     return spent
 
 
