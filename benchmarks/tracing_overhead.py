@@ -4,10 +4,11 @@ stand-in in a process of its own), side by side in one run.
 
     python benchmarks/tracing_overhead.py [--rounds 4] [--seconds 8] [--protocol grpc]
 
-Three servers from this tree, started together, one worker each: the no-op handler (the
-server's own cost per request) and ResNet-18 (TorchScript, the built-in image_classifier,
-224x224 JPEGs), batches of up to 8 within 5 ms (no-op) / 10 ms (ResNet-18), 16 clients,
-closed loop. Rounds alternate which server goes first; medians and ratios go to
+Three servers from this tree, started anew every round, one worker each: the no-op
+handler (the server's own cost per request) and ResNet-18 (TorchScript, the built-in
+image_classifier, 224x224 JPEGs), batches of up to 8 within 5 ms (no-op) / 10 ms
+(ResNet-18), 16 clients, closed loop. Rounds alternate which server goes first; medians
+and ratios go to
 ``benchmarks/results/tracing_overhead.md`` with the spans the collector received and the
 spans the server dropped, and where the CPU went: each process's CPU time (``/proc``)
 during each no-op measurement, per request answered.
@@ -158,33 +159,39 @@ def measure(
         }
         environments = {"tracing off": {}, "tracing on": traced, SERVERS[2]: sampled}
         models = ["noop=noop.mar", "resnet18=resnet18.mar"]
-        servers = {
-            name: stack.enter_context(
-                ferry_server(store, models, work, environment=environments[name])
-            )
-            for name in SERVERS
-        }
         payloads = {"noop": [b"x"], "resnet18": jpeg_inputs(16, 224)}
+        dropped = 0.0
         for index in range(rounds):
             shift = index % len(SERVERS)  # each server goes first in turn
             order = list(SERVERS[shift:] + SERVERS[:shift])
-            for model in payloads:
-                for name in order:
-                    url = f"{servers[name].url}/predictions/{model}"
-                    roles = _roles(servers[name].pid, sink.pid)
-                    before = _cpu_by_role(roles)
-                    result = load(url, payloads[model], seconds)
-                    after = _cpu_by_role(roles)
-                    rate = result.throughput
-                    figures.setdefault(f"{model} | {name}", []).append(rate)
-                    if model == "noop":
-                        for role in CPU_ROLES:
-                            per_request = (after[role] - before[role]) / result.requests * 1e6
-                            cpu[name].setdefault(role, []).append(per_request)
-                    print(f"round {index + 1} {model} {name}: {rate:.1f} req/s", flush=True)
-        time.sleep(2)  # the last spans' export interval (1 s) passing, for the counts below
+            # New servers every round: one process serves the no-op faster or slower than
+            # another of the same code for its whole life (its memory layout, its hash
+            # seed), by as much as tracing costs; rounds of new processes average that out.
+            with contextlib.ExitStack() as round_servers:
+                servers = {
+                    name: round_servers.enter_context(
+                        ferry_server(store, models, work, environment=environments[name])
+                    )
+                    for name in order
+                }
+                for model in payloads:
+                    for name in order:
+                        url = f"{servers[name].url}/predictions/{model}"
+                        roles = _roles(servers[name].pid, sink.pid)
+                        before = _cpu_by_role(roles)
+                        result = load(url, payloads[model], seconds)
+                        after = _cpu_by_role(roles)
+                        rate = result.throughput
+                        figures.setdefault(f"{model} | {name}", []).append(rate)
+                        if model == "noop":
+                            for role in CPU_ROLES:
+                                per_request = (after[role] - before[role]) / result.requests * 1e6
+                                cpu[name].setdefault(role, []).append(per_request)
+                        print(f"round {index + 1} {model} {name}: {rate:.1f} req/s", flush=True)
+                dropped += sum(dropped_spans(servers[name].metrics_url) for name in SERVERS[1:])
+            # The servers have exited, each sending the spans it held first.
         spans = {
-            "dropped": sum(dropped_spans(servers[name].metrics_url) for name in SERVERS[1:]),
+            "dropped": dropped,
             "received": float(json.loads(sink.counts.read_text())["spans"])
             if sink.counts.exists()
             else 0,
@@ -228,7 +235,8 @@ def main() -> None:
             "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`); "
             f"OTLP over {args.protocol} to `benchmarks/otlp_sink.py`, which decodes and counts "
             f"(at niceness {SINK_NICENESS}: a collector has cores of its own); "
-            f"{CLIENTS} clients, closed loop, each server going first in turn, medians.",
+            f"{CLIENTS} clients, closed loop, new servers every round (a process's own speed "
+            "varies by a few percent for its lifetime), each going first in turn, medians.",
             "",
             "| model | off (req/s) | on, every request (req/s) | on / off | on, 10% sampled "
             "(req/s) | sampled / off | on, per round |",

@@ -148,7 +148,7 @@ class FerryService:
         except BaseException as error:
             self._request_ids.release(request_id)
             if trace is not None:
-                trace.end(error, {})
+                trace.end(error, ())
             raise
         job.trace = trace  # before the dispatcher, which runs after this returns, sees it
         pending = PendingPrediction(job, joined, limit, runner.metrics, self._request_ids.release)

@@ -81,12 +81,13 @@ class PendingPrediction:
         if isinstance(error, DeadlineExceeded):
             self._metrics.shed(1)
         if job.trace is not None:
-            answer = None if error is not None else future.result()
-            attributes: dict[str, str | int | float] = {"ferry.queue_ms": job.queued_seconds * 1000}
-            if answer is not None:
-                attributes["ferry.batch.size"] = answer.batch_size
-                attributes["ferry.status"] = answer.status
-            job.trace.end(error, attributes)
+            queue_ms = ("ferry.queue_ms", job.queued_seconds * 1000)
+            if error is None:
+                answer = future.result()
+                size = ("ferry.batch.size", answer.batch_size)
+                job.trace.end(None, (queue_ms, size, ("ferry.status", answer.status)))
+            else:
+                job.trace.end(error, (queue_ms,))
 
 
 def _outcome(error: BaseException) -> str:

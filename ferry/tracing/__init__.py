@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from ferry.errors import ConfigError
+from ferry.tracing.records import Attributes
 from ferry.wire.messages import StageWindow
 
 INSTALL_HINT = "pip install 'ferry-serve[otel]'"
@@ -63,8 +64,9 @@ class RequestTrace(Protocol):
         """It left the queue for a worker: its queue span ends (the first time only)."""
         ...
 
-    def end(self, error: BaseException | None, attributes: dict[str, str | int | float]) -> None:
-        """Its answer: the span ends, with ``error``'s type as its status if it failed."""
+    def end(self, error: BaseException | None, attributes: Attributes) -> None:
+        """Its answer: the span ends, with ``attributes`` added and ``error``'s type as its
+        status if it failed."""
         ...
 
 

@@ -31,7 +31,14 @@ from ferry.errors import ConfigError
 from ferry.tracing import INSTALL_HINT
 from ferry.tracing.otlp_wire import RequestEncoder
 from ferry.tracing.recorder import BoundedExport, Recorder
-from ferry.tracing.records import Sampler, SpanRecord, sampler_from_environment
+from ferry.tracing.records import (
+    Record,
+    Sampler,
+    SpanRecord,
+    sampler_from_environment,
+    span_count,
+    spans_of,
+)
 
 log = logging.getLogger("ferry.tracing")
 
@@ -74,10 +81,14 @@ def resource_from(environ: Mapping[str, str]) -> Resource:
 
 
 class InProcessExport:
-    """Batches of span records through ``exporter``: encoded by Ferry for OTLP, as the
+    """Batches of records' spans through ``exporter``: encoded by Ferry for OTLP, as the
     SDK's spans for any other."""
 
     lost = 0  # the exporter answers each batch at once
+    never_blocks = False  # it waits for the collector: the export thread sends
+
+    def send_pending(self) -> None:
+        """Nothing kept: each batch is sent whole."""
 
     def __init__(self, exporter: SpanExporter, resource: Resource) -> None:
         self._exporter, self._resource = exporter, resource
@@ -87,11 +98,13 @@ class InProcessExport:
             attributes = {k: v for k, v in resource.attributes.items() if isinstance(v, scalars)}
             self._encoder = RequestEncoder(attributes, SCOPE.name)
 
-    def send(self, spans: list[SpanRecord]) -> bool:
+    def send(self, records: list[Record]) -> bool:
         exporter = self._exporter
         if self._encoder is not None and isinstance(exporter, _EncodedOtlp):
-            return exporter.send_encoded(self._encoder.encode(spans), len(spans))
-        readable = [readable_span(span, self._resource) for span in spans]
+            payload = self._encoder.encode_records(records)
+            return exporter.send_encoded(payload, sum(map(span_count, records)))
+        spans = spans_of(records)
+        readable = [readable_span(SpanRecord._make(span), self._resource) for span in spans]
         return exporter.export(readable) == SpanExportResult.SUCCESS
 
     def close(self) -> None:
@@ -182,14 +195,25 @@ def _grpc_exporter() -> SpanExporter:
 
     class GrpcExporter(OTLPSpanExporter, _EncodedOtlp):
         """The SDK's gRPC exporter is generic in what it translates into its request
-        (``_translate_data``, ``_count_data``): an encoded request is parsed back (in
-        protobuf's C code, microseconds a batch), sent with the exporter's retries."""
+        (``_translate_data``, ``_count_data``): an encoded request is sent with the
+        exporter's channel, settings and retries. Its stub takes the request's bytes as
+        they are (``_initialize_channel_and_stub``, which the exporter calls again to
+        reconnect); without that hook, they are parsed back into the SDK's message."""
+
+        sends_bytes = False
 
         def send_encoded(self, payload: bytes, count: int) -> bool:
             return self._export(_Encoded(payload, count)) == SpanExportResult.SUCCESS  # type: ignore[arg-type]
 
-        def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+        def _initialize_channel_and_stub(self) -> None:
+            super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
+            self._client = _BytesStub(self._channel)  # type: ignore[assignment]
+            self.sends_bytes = True
+
+        def _translate_data(self, data: Any) -> ExportTraceServiceRequest | bytes:  # type: ignore[override]
             if isinstance(data, _Encoded):
+                if self.sends_bytes:
+                    return data.payload
                 return ExportTraceServiceRequest.FromString(data.payload)
             return super()._translate_data(data)
 
@@ -199,6 +223,25 @@ def _grpc_exporter() -> SpanExporter:
     exporter = GrpcExporter()
     exporter.encodes = hasattr(OTLPSpanExporter, "_translate_data")
     return exporter
+
+
+class _BytesStub:
+    """OTLP's trace service stub whose ``Export`` takes a request's bytes (Ferry's
+    encoding, sent as they are) or the SDK's message."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        service = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"]
+        self.Export = channel.unary_unary(
+            f"/{service.full_name}/Export",
+            request_serializer=_request_bytes,
+            response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
+        )
+
+
+def _request_bytes(request: Any) -> bytes:
+    return request if isinstance(request, bytes) else bytes(request.SerializeToString())
 
 
 def _http_exporter() -> SpanExporter:

@@ -11,8 +11,23 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
-from ferry.tracing.records import AttributeValue, SpanLink, SpanRecord
+from ferry.tracing.records import (
+    BATCH,
+    BATCH_LINK,
+    KIND_INTERNAL,
+    KIND_SERVER,
+    REQUEST,
+    REQUEST_ID,
+    AttributeValue,
+    BatchRecord,
+    Record,
+    RequestRecord,
+    SpanFields,
+    SpanLink,
+    new_span_id,
+)
 
 _WIRE_VARINT, _WIRE_FIXED64, _WIRE_BYTES, _WIRE_FIXED32 = 0, 1, 2, 5
 _STATUS_ERROR = 2
@@ -23,6 +38,7 @@ _FLAG_SAMPLED, _FLAG_HAS_IS_REMOTE, _FLAG_IS_REMOTE = 0x1, 0x100, 0x200
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _pack_double = struct.Struct("<d").pack
+_pack_times = struct.Struct("<BQBQ").pack  # start and end, each after its one-byte tag
 
 
 def _varint(value: int) -> bytes:
@@ -105,8 +121,11 @@ class _Cache:
         return encoded
 
     def attribute(self, field_tag: bytes, attribute: tuple[str, AttributeValue]) -> bytes:
+        kind = type(attribute[1])
+        if kind is float:  # a measurement (a queue wait): seldom seen twice
+            return _field(field_tag, _key_value(*attribute))
         # The value's type is in the key: True, 1 and 1.0 are equal keys in Python.
-        key = (field_tag, attribute, type(attribute[1]))
+        key = (field_tag, attribute, kind)
         encoded = self.attributes.get(key)
         if encoded is None:
             encoded = _field(field_tag, _key_value(*attribute))
@@ -139,7 +158,7 @@ _LOCAL_FLAGS = _SPAN_FLAGS + _pack_fixed32(_FLAG_SAMPLED | _FLAG_HAS_IS_REMOTE)
 _REMOTE_FLAGS = _SPAN_FLAGS + _pack_fixed32(_FLAG_SAMPLED | _FLAG_HAS_IS_REMOTE | _FLAG_IS_REMOTE)
 
 
-def encode_span(span: SpanRecord) -> bytes:
+def encode_span(span: SpanFields) -> bytes:
     """One ``Span`` message (without its own tag and length)."""
     (
         trace_id,
@@ -177,6 +196,151 @@ def encode_span(span: SpanRecord) -> bytes:
     return b"".join(parts)
 
 
+# A request's and a batch's spans, encoded straight from their records (``encode_record``):
+# the same bytes as ``encode_span`` of ``spans_of``'s spans, with what recurs prepared once.
+_SPAN_ID_8, _PARENT_ID_8 = _SPAN_SPAN_ID + _ID_FIELD_8, _SPAN_PARENT_ID + _ID_FIELD_8
+_TRACE_ID_16 = _SPAN_TRACE_ID + _ID_FIELD_16
+_START_TAG, _END_TAG = _SPAN_START[0], _SPAN_END[0]
+_SERVER_KIND = _SPAN_KIND + _SMALL[KIND_SERVER]
+_INTERNAL_KIND = _SPAN_KIND + _SMALL[KIND_INTERNAL]
+_QUEUE_NAME_KIND = _field(_SPAN_NAME, b"queue") + _INTERNAL_KIND
+
+
+def _link_encoding(attributes: tuple[tuple[str, AttributeValue], ...]) -> tuple[bytes, bytes]:
+    """A link's encoding around its two ids: what comes before the trace id, and after
+    the span id (its attributes and flags). Every link with these attributes has one length."""
+    body_after = (
+        b"".join(_attributes(_LINK_ATTRIBUTE, attributes))
+        + _LINK_FLAGS
+        + _pack_fixed32(_FLAG_SAMPLED | _FLAG_HAS_IS_REMOTE)
+    )
+    length = len(_LINK_TRACE_ID + _ID_FIELD_16) + 16 + len(_LINK_SPAN_ID + _ID_FIELD_8) + 8
+    before = _SPAN_LINK + _varint(length + len(body_after)) + _LINK_TRACE_ID + _ID_FIELD_16
+    return before, body_after
+
+
+_TO_BATCH_BEFORE, _TO_BATCH_AFTER = _link_encoding(BATCH_LINK)
+_TO_REQUEST_BEFORE, _TO_REQUEST_AFTER = _link_encoding(())
+_LINK_SPAN_ID_8 = _LINK_SPAN_ID + _ID_FIELD_8
+_REQUEST_ID_KEY = _field(_KEY_VALUE_KEY, REQUEST_ID.encode())
+
+
+def _request_id_attribute(request_id: str) -> bytes:
+    """A request's id attribute: its own, not worth an entry in the cache."""
+    value = _field(_ANY_STRING, request_id.encode())
+    return _field(_SPAN_ATTRIBUTE, _REQUEST_ID_KEY + _field(_KEY_VALUE_VALUE, value))
+
+
+def _spans_field(span: bytes) -> bytes:
+    return _SCOPE_SPANS_SPAN + _varint(len(span)) + span
+
+
+def _status(error: str) -> bytes:
+    status = _field(_STATUS_MESSAGE, error.encode()) + _STATUS_CODE + _SMALL[_STATUS_ERROR]
+    return _field(_SPAN_STATUS, status)
+
+
+def _encode_request(record: RequestRecord) -> bytes:
+    """A request record's queue span and request span, each as a ``ScopeSpans.spans``
+    field."""
+    _, trace_id, span_id, parent_id, name, start, dispatched, end = record[:8]
+    of_model, request_id, answer, batches, error, state, remote = record[8:]
+    trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
+    own = span_id.to_bytes(8, "big")
+    state_field = _field(_SPAN_TRACE_STATE, state.encode()) if state else b""
+    queue = b"".join(
+        (
+            trace,
+            _SPAN_ID_8,
+            new_span_id().to_bytes(8, "big"),
+            state_field,
+            _PARENT_ID_8,
+            own,
+            _QUEUE_NAME_KIND,
+            _pack_times(_START_TAG, start, _END_TAG, dispatched or end),
+            _LOCAL_FLAGS,
+        )
+    )
+    parts = [trace, _SPAN_ID_8, own, state_field]
+    if parent_id:
+        parts.append(_PARENT_ID_8 + parent_id.to_bytes(8, "big"))
+    parts += (_cache.name(name), _SERVER_KIND, _pack_times(_START_TAG, start, _END_TAG, end))
+    parts.extend(_attributes(_SPAN_ATTRIBUTE, of_model))
+    parts.append(_request_id_attribute(request_id))
+    parts.extend(_attributes(_SPAN_ATTRIBUTE, answer))
+    if error:
+        parts.append(_cache.attribute(_SPAN_ATTRIBUTE, ("error.type", error)))
+    for batch_trace, batch_span in batches:
+        parts += (
+            _TO_BATCH_BEFORE,
+            batch_trace.to_bytes(16, "big"),
+            _LINK_SPAN_ID_8,
+            batch_span.to_bytes(8, "big"),
+            _TO_BATCH_AFTER,
+        )
+    if error:
+        parts.append(_status(error))
+    parts.append(_REMOTE_FLAGS if remote else _LOCAL_FLAGS)
+    return _spans_field(queue) + _spans_field(b"".join(parts))
+
+
+def _encode_batch(record: BatchRecord) -> bytes:
+    """A batch record's stage spans and batch span, each as a ``ScopeSpans.spans`` field."""
+    _, trace_id, span_id, parent_id, name, start, end, attributes, served = record[:9]
+    error, state, stages = record[9:]
+    trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
+    own = span_id.to_bytes(8, "big")
+    state_field = _field(_SPAN_TRACE_STATE, state.encode()) if state else b""
+    encoded = []
+    for stage, stage_start, stage_end in stages:
+        stage_span = b"".join(
+            (
+                trace,
+                _SPAN_ID_8,
+                new_span_id().to_bytes(8, "big"),
+                state_field,
+                _PARENT_ID_8,
+                own,
+                _cache.name(stage),
+                _INTERNAL_KIND,
+                _pack_times(_START_TAG, stage_start, _END_TAG, stage_end),
+                _LOCAL_FLAGS,
+            )
+        )
+        encoded.append(_spans_field(stage_span))
+    parts = [trace, _SPAN_ID_8, own, state_field]
+    if parent_id:
+        parts.append(_PARENT_ID_8 + parent_id.to_bytes(8, "big"))
+    parts += (_cache.name(name), _INTERNAL_KIND, _pack_times(_START_TAG, start, _END_TAG, end))
+    parts.extend(_attributes(_SPAN_ATTRIBUTE, attributes))
+    if error:
+        parts.append(_cache.attribute(_SPAN_ATTRIBUTE, ("error.type", error)))
+    for request_trace, request_span in served:
+        parts += (
+            _TO_REQUEST_BEFORE,
+            request_trace.to_bytes(16, "big"),
+            _LINK_SPAN_ID_8,
+            request_span.to_bytes(8, "big"),
+            _TO_REQUEST_AFTER,
+        )
+    if error:
+        parts.append(_status(error))
+    parts.append(_LOCAL_FLAGS)
+    encoded.append(_spans_field(b"".join(parts)))
+    return b"".join(encoded)
+
+
+def encode_record(record: Record) -> bytes:
+    """The spans a record holds (``ferry.tracing.records.spans_of``), each as a
+    ``ScopeSpans.spans`` field."""
+    kind = record[0]
+    if kind == REQUEST:
+        return _encode_request(cast(RequestRecord, record))
+    if kind == BATCH:
+        return _encode_batch(cast(BatchRecord, record))
+    return _spans_field(encode_span(cast(SpanFields, record)))
+
+
 class RequestEncoder:
     """Encodes batches of spans of one resource (the server) and one instrumentation
     scope (``ferry``); the resource and scope are encoded once."""
@@ -191,8 +355,14 @@ class RequestEncoder:
             scope_body += _field(_SCOPE_VERSION, scope_version.encode())
         self._scope = _field(_SCOPE_SPANS_SCOPE, scope_body)
 
-    def encode(self, spans: Sequence[SpanRecord]) -> bytes:
+    def encode(self, spans: Sequence[SpanFields]) -> bytes:
         """An ``ExportTraceServiceRequest`` holding ``spans``."""
-        encoded = [_field(_SCOPE_SPANS_SPAN, encode_span(span)) for span in spans]
-        scope_spans = _field(_RESOURCE_SPANS_SCOPE_SPANS, self._scope + b"".join(encoded))
+        return self._request(b"".join(_spans_field(encode_span(span)) for span in spans))
+
+    def encode_records(self, records: Sequence[Record]) -> bytes:
+        """An ``ExportTraceServiceRequest`` holding the spans of ``records``."""
+        return self._request(b"".join(map(encode_record, records)))
+
+    def _request(self, spans: bytes) -> bytes:
+        scope_spans = _field(_RESOURCE_SPANS_SCOPE_SPANS, self._scope + spans)
         return _field(_REQUEST_RESOURCE_SPANS, self._resource + scope_spans)

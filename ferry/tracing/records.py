@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, NamedTuple, cast
 
 AttributeValue = str | int | float | bool
 Attributes = tuple[tuple[str, AttributeValue], ...]
@@ -44,6 +44,175 @@ class SpanRecord(NamedTuple):
     error: str = ""  # the error's type: the span's status is ERROR with it as the message
     trace_state: str = ""
     remote_parent: bool = False
+
+
+SpanFields = tuple[
+    int, int, int, str, int, int, int, Attributes, tuple[SpanLink, ...], str, str, bool
+]
+"""A ``SpanRecord``'s fields as a plain tuple (``marshal`` takes no named tuple)."""
+
+REQUEST: Literal["request"] = "request"
+BATCH: Literal["batch"] = "batch"
+BATCH_LINK: Attributes = (("ferry.link", "batch"),)
+"""The attribute of a request span's link to the batch that served it."""
+
+RequestRecord = tuple[
+    Literal["request"],
+    int,  # trace id
+    int,  # span id
+    int,  # parent span id (0: a root)
+    str,  # name
+    int,  # start (Unix ns)
+    int,  # when a worker took it (0: never)
+    int,  # end
+    Attributes,  # its model's: one tuple for all the model's requests
+    str,  # its request id
+    Attributes,  # its answer's
+    tuple[tuple[int, int], ...],  # the batches that served it (trace id, span id)
+    str,  # error (its type's name)
+    str,  # trace state
+    bool,  # remote parent
+]
+"""A request's span and its queue span, as the server records them; the exporter puts
+their attributes together (``request_attributes``)."""
+
+BatchRecord = tuple[
+    Literal["batch"],
+    int,  # trace id
+    int,  # span id
+    int,  # parent span id
+    str,  # name
+    int,  # start
+    int,  # end
+    Attributes,
+    tuple[tuple[int, int], ...],  # the requests it served (trace id, span id)
+    str,  # error (its type's name: an ``error.type`` attribute too)
+    str,  # trace state
+    tuple[tuple[str, int, int], ...],  # its stages: name, start, end
+]
+"""A batch's span and its stages' spans, as the server records them."""
+
+Record = SpanFields | RequestRecord | BatchRecord
+"""What the server hands the exporter: plain tuples, one per request and one per batch
+(``spans_of`` makes their spans), so the event loop builds and sends half as many."""
+
+
+def span_count(record: Record) -> int:
+    """How many spans ``record`` holds."""
+    kind = record[0]
+    if kind == REQUEST:
+        return 2
+    if kind == BATCH:
+        return 1 + len(cast(BatchRecord, record)[11])
+    return 1
+
+
+def spans_of(records: Iterable[Record]) -> list[SpanFields]:
+    """The spans ``records`` hold, as plain tuples (a queue or stage span gets its span
+    id here)."""
+    spans: list[SpanFields] = []
+    for record in records:
+        kind = record[0]
+        if kind == REQUEST:
+            spans.extend(_request_spans(cast(RequestRecord, record)))
+        elif kind == BATCH:
+            spans.extend(_batch_spans(cast(BatchRecord, record)))
+        else:
+            spans.append(cast(SpanFields, record))
+    return spans
+
+
+REQUEST_ID = "ferry.request_id"
+
+
+def error_attributes(error: str) -> Attributes:
+    """A failed span's ``error.type`` attribute: its error's type, also its status."""
+    return (("error.type", error),) if error else ()
+
+
+def request_attributes(record: RequestRecord) -> Attributes:
+    """A request span's attributes: its model's, its id, its answer's, its error's."""
+    error = error_attributes(record[12])
+    return (*record[8], (REQUEST_ID, record[9]), *record[10], *error)
+
+
+def _request_spans(record: RequestRecord) -> tuple[SpanFields, SpanFields]:
+    (_, trace_id, span_id, parent_id, name, start, dispatched, end) = record[:8]
+    batches, error, state, remote = record[11:]
+    attributes = request_attributes(record)
+    links = tuple((batch_trace, batch_span, BATCH_LINK) for batch_trace, batch_span in batches)
+    queue_end = dispatched or end  # answered from the queue: it waited until then
+    return (
+        (
+            trace_id,
+            new_span_id(),
+            span_id,
+            "queue",
+            KIND_INTERNAL,
+            start,
+            queue_end,
+            (),
+            (),
+            "",
+            state,
+            False,
+        ),
+        (
+            trace_id,
+            span_id,
+            parent_id,
+            name,
+            KIND_SERVER,
+            start,
+            end,
+            attributes,
+            links,
+            error,
+            state,
+            remote,
+        ),
+    )
+
+
+def _batch_spans(record: BatchRecord) -> list[SpanFields]:
+    _, trace_id, span_id, parent_id, name, start, end, attributes, served = record[:9]
+    error, state, stages = record[9:]
+    spans: list[SpanFields] = [
+        (
+            trace_id,
+            new_span_id(),
+            span_id,
+            stage,
+            KIND_INTERNAL,
+            stage_start,
+            stage_end,
+            (),
+            (),
+            "",
+            state,
+            False,
+        )
+        for stage, stage_start, stage_end in stages
+    ]
+    links = tuple((request_trace, request_span, ()) for request_trace, request_span in served)
+    attributes += error_attributes(error)
+    spans.append(
+        (
+            trace_id,
+            span_id,
+            parent_id,
+            name,
+            KIND_INTERNAL,
+            start,
+            end,
+            attributes,
+            links,
+            error,
+            state,
+            False,
+        )
+    )
+    return spans
 
 
 class Parent(NamedTuple):

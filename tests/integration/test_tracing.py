@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from ferry.errors import ConfigError
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as inference
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as inference_grpc
 from ferry.tracing.export_process import ExporterProcess
-from ferry.tracing.records import KIND_INTERNAL, SpanRecord
+from ferry.tracing.records import KIND_INTERNAL, Record
 from tests.fixtures.models import ts_style_archive
 from tests.fixtures.otlp_receiver import Receiver
 from tests.fixtures.polling import HANG_GUARD, wait_until
@@ -187,10 +188,24 @@ class GrpcReceiver:
         self._server.stop(grace=None)
 
 
-def _records(count: int, first: int = 1) -> list[SpanRecord]:
+def _records(count: int, first: int = 1) -> list[Record]:
+    """Spans' fields as the exporter process takes them: plain tuples."""
     start = time.time_ns()
     return [
-        SpanRecord(0xAB, first + i, 0, f"span {i}", KIND_INTERNAL, start, start + 1, (("i", i),))
+        (
+            0xAB,
+            first + i,
+            0,
+            f"span {i}",
+            KIND_INTERNAL,
+            start,
+            start + 1,
+            (("i", i),),
+            (),
+            "",
+            "",
+            False,
+        )
         for i in range(count)
     ]
 
@@ -246,6 +261,41 @@ def test_a_dead_exporter_process_is_replaced(
         assert {f"{0x7000 + i:016x}" for i in range(3)} <= set(receiver.spans)
     finally:
         process.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_the_exporter_process_runs_only_on_idle_cpu(receiver: Receiver) -> None:
+    process = ExporterProcess(_otlp("http/protobuf", receiver.url))
+    try:  # ready: it has set its class before it answered
+        assert os.sched_getscheduler(process._process.pid) == os.SCHED_IDLE
+        assert process.send(_records(2, first=0x5000))
+    finally:
+        process.close()
+    assert {f"{0x5000:016x}", f"{0x5001:016x}"} <= set(receiver.spans)
+
+
+def test_a_stalled_exporter_process_never_blocks_the_sender(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ExporterProcess, "MAX_UNWRITTEN", 256 << 10)
+    BASE = 0x10_0000  # span ids no other test sends to the module's receiver
+    process = ExporterProcess(_otlp("http/protobuf", receiver.url))
+    os.kill(process._process.pid, signal.SIGSTOP)  # reads nothing: the pipe fills
+    sender = ThreadPoolExecutor(1)
+    try:
+        sends = sender.submit(
+            lambda: [process.send(_records(500, first=BASE + i * 1000)) for i in range(20)]
+        )
+        accepted = sends.result(timeout=HANG_GUARD)  # a send waiting for the reader fails here
+    finally:
+        os.kill(process._process.pid, signal.SIGCONT)
+        sender.shutdown()
+    assert accepted[0] and not accepted[-1]  # kept up to the bound, then lost
+    process.close()  # what it kept is written before the input closes
+    ids = [{f"{BASE + i * 1000 + n:016x}" for n in range(500)} for i in range(20)]
+    received = set(receiver.spans)  # the receiver's spans from this module's other tests too
+    for batch_ids, ok in zip(ids, accepted, strict=True):
+        assert batch_ids <= received if ok else not batch_ids & received
 
 
 def test_an_exporter_the_process_cannot_build_is_a_config_error() -> None:

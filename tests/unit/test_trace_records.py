@@ -4,6 +4,8 @@ equals what OpenTelemetry's SDK encodes for the same span."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,20 +15,198 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 
 from ferry.errors import ConfigError
+from ferry.tracing import otlp_wire, records
 from ferry.tracing.otel import otel_tracing, readable_span
 from ferry.tracing.otlp_wire import RequestEncoder
 from ferry.tracing.records import (
+    BATCH,
+    BATCH_LINK,
     KIND_INTERNAL,
     KIND_SERVER,
+    REQUEST,
+    BatchRecord,
     Parent,
+    Record,
+    RequestRecord,
     SpanRecord,
     parent_from_headers,
     sampler_from_environment,
+    span_count,
+    spans_of,
     traceparent,
 )
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"
+
+
+def test_a_request_record_is_its_span_and_its_queue_span() -> None:
+    batches = ((7, 70), (7, 71))  # a retry: served by a second batch
+    record: RequestRecord = (
+        REQUEST,
+        7,
+        10,
+        5,
+        "predict m",
+        100,
+        130,
+        200,
+        (("ferry.model", "m"),),
+        "r1",
+        (("a", 1),),
+        batches,
+        "",
+        "k=v",
+        True,
+    )
+    queue, request = map(SpanRecord._make, spans_of([record]))
+    assert request == SpanRecord(
+        7,
+        10,
+        5,
+        "predict m",
+        KIND_SERVER,
+        100,
+        200,
+        (("ferry.model", "m"), ("ferry.request_id", "r1"), ("a", 1)),
+        ((7, 70, BATCH_LINK), (7, 71, BATCH_LINK)),
+        "",
+        "k=v",
+        True,
+    )
+    assert (queue.trace_id, queue.parent_id, queue.name, queue.kind) == (
+        7,
+        10,
+        "queue",
+        KIND_INTERNAL,
+    )
+    assert (queue.start_ns, queue.end_ns, queue.trace_state) == (100, 130, "k=v")
+    assert queue.span_id not in (0, 10) and not queue.remote_parent
+    assert span_count(record) == 2
+
+
+def test_a_request_answered_from_the_queue_waited_there_until_its_end() -> None:
+    record: RequestRecord = (
+        REQUEST,
+        7,
+        10,
+        0,
+        "predict m",
+        100,
+        0,
+        250,
+        (),
+        "r",
+        (),
+        (),
+        "Shed",
+        "",
+        False,
+    )
+    queue, request = map(SpanRecord._make, spans_of([record]))
+    assert (queue.start_ns, queue.end_ns) == (100, 250) and request.error == "Shed"
+    assert request.attributes == (("ferry.request_id", "r"), ("error.type", "Shed"))
+
+
+def test_a_batch_record_is_its_stage_spans_and_its_span_linking_its_requests() -> None:
+    stages = (("preprocess", 1, 2), ("inference", 2, 5), ("postprocess", 5, 6))
+    record: BatchRecord = (
+        BATCH,
+        7,
+        70,
+        10,
+        "batch m",
+        0,
+        9,
+        (("n", 2),),
+        ((7, 10), (8, 11)),
+        "",
+        "",
+        stages,
+    )
+    *stage_spans, batch = map(SpanRecord._make, spans_of([record]))
+    assert batch == SpanRecord(
+        7, 70, 10, "batch m", KIND_INTERNAL, 0, 9, (("n", 2),), ((7, 10, ()), (8, 11, ())), "", ""
+    )
+    assert [(s.name, s.start_ns, s.end_ns, s.parent_id) for s in stage_spans] == [
+        (name, start, end, 70) for name, start, end in stages
+    ]
+    assert span_count(record) == 4 and len({s.span_id for s in stage_spans}) == 3
+
+
+RECORDS: list[Record] = [
+    (
+        REQUEST,
+        7,
+        10,
+        0,
+        "predict m",
+        100,
+        130,
+        200,
+        (("ferry.model", "m"), ("ferry.model_version", "1")),
+        "r1",
+        (("ferry.queue_ms", 1.5), ("ferry.batch.size", 2), ("ferry.status", 200)),
+        ((7, 70),),
+        "",
+        "",
+        False,
+    ),
+    (
+        REQUEST,
+        2**128 - 1,
+        2**64 - 1,
+        5,
+        "predict é",
+        0,
+        0,
+        2**64 - 1,
+        (("ferry.model", "é"),),
+        "r2 é",
+        (("q", 0.5), ("n", -3), ("b", True)),
+        ((1, 2), (3, 4)),
+        "WorkerDied",
+        "k=v,a=b",
+        True,
+    ),
+    (REQUEST, 8, 11, 0, "predict m", 1, 2, 3, (), "", (), (), "", "", False),
+    (
+        BATCH,
+        7,
+        70,
+        10,
+        "batch m",
+        120,
+        190,
+        (("ferry.batch.size", 2),),
+        ((7, 10), (8, 11)),
+        "",
+        "",
+        (("preprocess", 120, 130), ("inference", 130, 180), ("postprocess", 180, 190)),
+    ),
+    (BATCH, 9, 90, 12, "batch m", 1, 2, (), ((9, 12),), "HandlerFailed", "k=v", ()),
+    (3, 4, 0, "workflow w", KIND_SERVER, 5, 6, (("a", "b"),), ((3, 9, ()),), "", "", False),
+]
+
+
+def test_records_encode_as_the_spans_they_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    def counting() -> Callable[[], int]:
+        ids = itertools.count(0x1000)
+        return lambda: next(ids)
+
+    monkeypatch.setattr(records, "new_span_id", counting())
+    spans = spans_of(RECORDS)
+    monkeypatch.setattr(otlp_wire, "new_span_id", counting())  # the same ids, in turn
+    encoder = RequestEncoder({"service.name": "ferry"})
+    assert encoder.encode_records(RECORDS) == encoder.encode(spans)
+    parsed = ExportTraceServiceRequest.FromString(encoder.encode_records(RECORDS))
+    assert len(parsed.resource_spans[0].scope_spans[0].spans) == sum(map(span_count, RECORDS))
+
+
+def test_a_spans_fields_are_that_span() -> None:
+    span = SpanRecord(1, 2, 0, "root", KIND_SERVER, 3, 4)
+    assert spans_of([tuple(span)]) == [span]  # type: ignore[list-item]
+    assert span_count(span) == 1
 
 
 def test_a_valid_traceparent_is_the_parent_with_its_sampled_flag_and_tracestate() -> None:

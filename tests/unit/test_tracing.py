@@ -27,7 +27,7 @@ from ferry.service.types import InputPart, Prediction
 from ferry.tracing import NO_TRACING, tracing_for
 from ferry.tracing.otel import exporter_from_environment, otel_tracing
 from ferry.tracing.recorder import BoundedExport, Recorder
-from ferry.tracing.records import KIND_INTERNAL, SpanRecord
+from ferry.tracing.records import BATCH, KIND_INTERNAL, REQUEST, Record
 from ferry.wire.messages import BatchResult, PredictBatch, StageWindow
 from ferry.wire.spec import WorkerSpec
 from ferry.workflows.manager import RegisteredWorkflow, WorkflowManager
@@ -249,21 +249,28 @@ class Destination:
     unreachable collector)."""
 
     lost = 0
+    never_blocks = False
 
-    def __init__(self, send: Callable[[list[SpanRecord]], bool], blocked: bool = False) -> None:
+    def __init__(self, send: Callable[[list[Record]], bool], blocked: bool = False) -> None:
         self._send = send
         self.entered = threading.Event()
         self.release = threading.Event()
         if not blocked:
             self.release.set()
         self.batches: list[int] = []
+        self.senders: list[int] = []  # the threads that sent each batch
+        self.pending_sends = 0
         self.closed = False
 
-    def send(self, spans: list[SpanRecord]) -> bool:
+    def send(self, records: list[Record]) -> bool:
         self.entered.set()
         self.release.wait(BOUND)
-        self.batches.append(len(spans))
-        return self._send(spans)
+        self.batches.append(len(records))
+        self.senders.append(threading.get_ident())
+        return self._send(records)
+
+    def send_pending(self) -> None:
+        self.pending_sends += 1
 
     def close(self) -> None:
         self.closed = True
@@ -271,7 +278,7 @@ class Destination:
 
 def _spans(export: BoundedExport, count: int) -> None:
     for index in range(count):
-        export.add(SpanRecord(1, index + 1, 0, f"span {index}", KIND_INTERNAL, 1, 2))
+        export.add((1, index + 1, 0, f"span {index}", KIND_INTERNAL, 1, 2, (), (), "", "", False))
 
 
 def test_a_stalled_exporter_makes_the_queue_drop_spans_and_count_them() -> None:
@@ -287,8 +294,44 @@ def test_a_stalled_exporter_makes_the_queue_drop_spans_and_count_them() -> None:
     assert sum(destination.batches) == 5 and export.exported == 5 and destination.closed
 
 
+def test_dropped_and_exported_records_count_the_spans_they_hold() -> None:
+    destination = Destination(lambda records: True, blocked=True)
+    export = BoundedExport(destination, max_queue=1, batch_size=1, interval=BOUND)
+    request: Record = (REQUEST, 1, 2, 0, "predict m", 1, 2, 3, (), "r", (), (), "", "", False)
+    stages = (("preprocess", 1, 2), ("inference", 2, 3), ("postprocess", 3, 4))
+    batch: Record = (BATCH, 1, 3, 2, "batch m", 1, 4, (), ((1, 2),), "", "", stages)
+    export.add(request)
+    assert destination.entered.wait(BOUND)  # the export thread holds it, stalled
+    export.add(batch)  # queued
+    export.add(request)  # dropped: 2 spans
+    assert export.dropped == 2
+    destination.release.set()
+    export.shutdown()
+    assert export.exported == 2 + 4
+
+
+def test_a_destination_that_never_blocks_gets_full_batches_from_the_adding_thread() -> None:
+    destination = Destination(lambda records: True)
+    destination.never_blocks = True
+    export = BoundedExport(destination, max_queue=64, batch_size=4, interval=BOUND)
+    _spans(export, 9)  # two full batches, sent as they fill; one span left for the thread
+    assert destination.batches == [4, 4]
+    assert destination.senders == [threading.get_ident()] * 2
+    export.shutdown()  # the export thread sends the last one, and what the destination kept
+    assert destination.batches == [4, 4, 1] and destination.senders[2] != threading.get_ident()
+    assert destination.pending_sends >= 1 and export.exported == 9
+
+
+def test_a_destination_that_may_block_gets_every_batch_from_the_export_thread() -> None:
+    destination = Destination(lambda records: True)
+    export = BoundedExport(destination, max_queue=64, batch_size=4, interval=BOUND)
+    _spans(export, 8)
+    export.shutdown()
+    assert sum(destination.batches) == 8 and threading.get_ident() not in destination.senders
+
+
 def test_a_failing_exporter_counts_its_spans_as_dropped() -> None:
-    def failing(spans: list[SpanRecord]) -> bool:
+    def failing(records: list[Record]) -> bool:
         raise ConnectionError("collector unreachable")
 
     export = BoundedExport(Destination(failing), max_queue=8, batch_size=2, interval=BOUND)
@@ -332,6 +375,8 @@ def test_the_exporter_follows_opentelemetrys_variables(
     assert any(t.__module__.startswith(kind) for t in type(exporter).__mro__)
     if kind != "opentelemetry.sdk.trace.export":  # OTLP: sent as Ferry encoded it
         assert getattr(exporter, "encodes", False)
+    if kind == "opentelemetry.exporter.otlp.proto.grpc":  # its bytes, not parsed back first
+        assert getattr(exporter, "sends_bytes", False)
     exporter.shutdown()
 
 
