@@ -1,17 +1,17 @@
 """What tracing costs: the same server with ``enable_tracing`` off, on with every request
-sampled, and on with 10% sampled (spans exported over OTLP, gRPC or HTTP, to a collector
-stand-in in a process of its own), side by side in one run.
+sampled, on with 10% sampled (spans exported over OTLP, gRPC or HTTP, to a collector
+stand-in in a process of its own), and on with every request recorded but not exported,
+side by side in one run.
 
     python benchmarks/tracing_overhead.py [--rounds 4] [--seconds 8] [--protocol grpc]
 
-Three servers from this tree, started anew every round, one worker each: the no-op
+Four servers from this tree, started anew every round, one worker each: the no-op
 handler (the server's own cost per request) and ResNet-18 (TorchScript, the built-in
 image_classifier, 224x224 JPEGs), batches of up to 8 within 5 ms (no-op) / 10 ms
 (ResNet-18), 16 clients, closed loop. Rounds alternate which server goes first; medians
-and ratios go to
-``benchmarks/results/tracing_overhead.md`` with the spans the collector received and the
-spans the server dropped, and where the CPU went: each process's CPU time (``/proc``)
-during each no-op measurement, per request answered.
+and ratios go to ``benchmarks/results/tracing_overhead.md`` with the spans the collector
+received and the spans the servers dropped, and where the CPU went: each process's CPU
+time (``/proc``) during each no-op measurement, per request answered.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ SINK_NICENESS = 10
 """The collector stand-in yields the CPU: in production a collector has cores of its own."""
 RESULTS = ROOT / "benchmarks" / "results"
 CLIENTS = 16
-SERVERS = ("tracing off", "tracing on", "tracing on, 10% sampled")
+SERVERS = ("tracing off", "tracing on", "tracing on, 10% sampled", "tracing on, not exported")
+"""The last records every request's spans and drops them (``OTEL_TRACES_EXPORTER=none``):
+the server's own share of the cost, without an exporter and collector on its cores."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,13 @@ def measure(
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
             "OTEL_TRACES_SAMPLER_ARG": "0.1",
         }
-        environments = {"tracing off": {}, "tracing on": traced, SERVERS[2]: sampled}
+        not_exported = {"FERRY_ENABLE_TRACING": "true", "OTEL_TRACES_EXPORTER": "none"}
+        environments = {
+            "tracing off": {},
+            "tracing on": traced,
+            SERVERS[2]: sampled,
+            SERVERS[3]: not_exported,
+        }
         models = ["noop=noop.mar", "resnet18=resnet18.mar"]
         payloads = {"noop": [b"x"], "resnet18": jpeg_inputs(16, 224)}
         dropped = 0.0
@@ -217,10 +225,11 @@ def main() -> None:
         off = statistics.median(figures[f"{model} | tracing off"])
         on = statistics.median(figures[f"{model} | tracing on"])
         sampled = statistics.median(figures[f"{model} | {SERVERS[2]}"])
+        recorded = statistics.median(figures[f"{model} | {SERVERS[3]}"])
         rounds = ", ".join(f"{r:.0f}" for r in figures[f"{model} | tracing on"])
         rows.append(
             f"| {label} | {off:.1f} | {on:.1f} | {on / off:.3f} | {sampled:.1f} | "
-            f"{sampled / off:.3f} | {rounds} |"
+            f"{sampled / off:.3f} | {recorded:.1f} | {recorded / off:.3f} | {rounds} |"
         )
     publish(
         args.out,
@@ -230,20 +239,23 @@ def main() -> None:
             f"Machine: {machine_description()}; servers, collector stand-in and load "
             "generator share its cores.",
             f"Command: `python benchmarks/tracing_overhead.py --rounds {args.rounds} "
-            f"--seconds {args.seconds:g} --protocol {args.protocol}`: three servers of this "
-            "tree, `enable_tracing` off, on with every request sampled, and on with 10% sampled "
-            "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`); "
+            f"--seconds {args.seconds:g} --protocol {args.protocol}`: four servers of this "
+            "tree, `enable_tracing` off, on with every request sampled, on with 10% sampled "
+            "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`), "
+            "and on with every request recorded but not exported (`OTEL_TRACES_EXPORTER=none`: "
+            "the server's own share, without the exporter process and collector on its cores); "
             f"OTLP over {args.protocol} to `benchmarks/otlp_sink.py`, which decodes and counts "
             f"(at niceness {SINK_NICENESS}: a collector has cores of its own); "
             f"{CLIENTS} clients, closed loop, new servers every round (a process's own speed "
             "varies by a few percent for its lifetime), each going first in turn, medians.",
             "",
             "| model | off (req/s) | on, every request (req/s) | on / off | on, 10% sampled "
-            "(req/s) | sampled / off | on, per round |",
-            "|---|---|---|---|---|---|---|",
+            "(req/s) | sampled / off | on, not exported (req/s) | not exported / off | "
+            "on, per round |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Spans the collector received from the two traced servers: "
+            f"Spans the collector received from the two exporting servers: "
             f"{spans['received']:.0f}; spans they dropped "
             f"(`ferry_trace_spans_dropped_total`): {spans['dropped']:.0f}.",
             "",

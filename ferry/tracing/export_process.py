@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import IO
 
@@ -88,7 +89,8 @@ class ExporterProcess:
         self._input: IO[bytes] = self._process.stdin
         self._pipe = self._input.fileno()
         os.set_blocking(self._pipe, False)
-        self._unwritten = bytearray()
+        self._unwritten: deque[memoryview] = deque()  # frames, the first maybe in part
+        self._unwritten_bytes = 0
         self._answers = os.fdopen(answers, "rb")
         self._ready = threading.Event()
         self._started = False
@@ -127,28 +129,38 @@ class ExporterProcess:
     def send(self, records: list[Record]) -> bool:
         if self._process.poll() is not None and not self._restarted():
             return False
-        frame = marshal.dumps(records)
-        if len(self._unwritten) + len(frame) > self.MAX_UNWRITTEN:
+        body = marshal.dumps(records)
+        frame = _LENGTH.pack(len(body)) + body
+        if self._unwritten_bytes + len(frame) > self.MAX_UNWRITTEN:
             self.send_pending()
-            if len(self._unwritten) + len(frame) > self.MAX_UNWRITTEN:
+            if self._unwritten_bytes + len(frame) > self.MAX_UNWRITTEN:
                 return False  # the exporter is this far behind: the batch is lost
-        self._unwritten += _LENGTH.pack(len(frame))
-        self._unwritten += frame
+        self._unwritten.append(memoryview(frame))
+        self._unwritten_bytes += len(frame)
         self._unwritten_spans += sum(map(span_count, records))
         self.send_pending()
         return True
 
     def send_pending(self) -> None:
-        while self._unwritten:
-            try:
-                written = os.write(self._pipe, self._unwritten)
+        unwritten = self._unwritten
+        while unwritten:
+            try:  # one system call for all the frames waiting (none copied again)
+                written = os.writev(self._pipe, list(unwritten))
             except BlockingIOError:  # the pipe is full: the exporter is behind
                 return
             except OSError:  # it has ended: what it never read is lost
                 self._lost_unwritten += self._unwritten_spans
-                self._unwritten.clear()
+                unwritten.clear()
+                self._unwritten_bytes = 0
                 break
-            del self._unwritten[:written]
+            self._unwritten_bytes -= written
+            while written:
+                first = unwritten[0]
+                if len(first) > written:
+                    unwritten[0] = first[written:]
+                    break
+                written -= len(first)
+                unwritten.popleft()
         self._unwritten_spans = 0
 
     def _restarted(self) -> bool:
