@@ -127,21 +127,30 @@ class ExporterProcess:
         return self._lost_before + self._lost + self._lost_unwritten
 
     def send(self, records: list[Record]) -> bool:
-        if self._process.poll() is not None and not self._restarted():
-            return False
+        if self._process.poll() is not None:
+            return False  # lost: ``send_pending``, from the export thread, starts another
         body = marshal.dumps(records)
         frame = _LENGTH.pack(len(body)) + body
         if self._unwritten_bytes + len(frame) > self.MAX_UNWRITTEN:
-            self.send_pending()
+            self._write_pending()
             if self._unwritten_bytes + len(frame) > self.MAX_UNWRITTEN:
                 return False  # the exporter is this far behind: the batch is lost
         self._unwritten.append(memoryview(frame))
         self._unwritten_bytes += len(frame)
         self._unwritten_spans += sum(map(span_count, records))
-        self.send_pending()
+        self._write_pending()
         return True
 
     def send_pending(self) -> None:
+        """Write what the pipe can take; a process that has ended is replaced here (at
+        most every ``RESTART_INTERVAL`` seconds), on the export thread: starting one takes
+        seconds, which the event loop's sends must never wait for."""
+        if self._process.poll() is not None:
+            self._restart()
+        else:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
         unwritten = self._unwritten
         while unwritten:
             try:  # one system call for all the frames waiting (none copied again)
@@ -163,9 +172,9 @@ class ExporterProcess:
                 unwritten.popleft()
         self._unwritten_spans = 0
 
-    def _restarted(self) -> bool:
+    def _restart(self) -> None:
         if time.monotonic() - self._started_at < self.RESTART_INTERVAL:
-            return False
+            return
         log.warning(
             "the trace exporter process ended (exit status %s); starting another",
             self._process.returncode,
@@ -173,14 +182,13 @@ class ExporterProcess:
         self.close()  # what is left of it: its pipes (its last answers read)
         self._lost_before += self._lost + self._lost_unwritten
         self._start()
-        return True
 
     def close(self) -> None:
         """Write what is left, close its input (it sends what it has and exits) and wait
         for it."""
         with contextlib.suppress(OSError):  # it is gone already
             os.set_blocking(self._pipe, True)
-            self.send_pending()
+            self._write_pending()
         with contextlib.suppress(OSError):
             self._input.close()
         try:

@@ -57,7 +57,8 @@ class SpanDestination(Protocol):
         ...
 
     def send_pending(self) -> None:
-        """Pass on what earlier sends kept, as far as it can without waiting."""
+        """From the export thread, every interval: pass on what earlier sends kept, and do
+        what may take time (start a new exporter in place of one that ended)."""
         ...
 
     @property
@@ -107,9 +108,13 @@ class BoundedExport:
             return
         self._queue.append(record)
         if queued + 1 == self._batch_size:
-            if self._inline:
-                with self._sending:
+            # Inline unless the export thread is sending (or starting a new exporter):
+            # then it takes this batch too, and the event loop does not wait for it.
+            if self._inline and self._sending.acquire(blocking=False):
+                try:
                     self._send_queued(whole_batches_only=True)
+                finally:
+                    self._sending.release()
             else:
                 self._full.set()
 

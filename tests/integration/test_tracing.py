@@ -256,6 +256,8 @@ def test_a_dead_exporter_process_is_replaced(
     try:
         process._process.kill()
         process._process.wait()
+        assert not process.send(_records(3, first=0x6000))  # lost: the event loop never waits
+        process.send_pending()  # the export thread's turn: it starts another
         assert process.send(_records(3, first=0x7000))
         process.close()
         assert {f"{0x7000 + i:016x}" for i in range(3)} <= set(receiver.spans)

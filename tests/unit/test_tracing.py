@@ -260,6 +260,8 @@ class Destination:
         self.batches: list[int] = []
         self.senders: list[int] = []  # the threads that sent each batch
         self.pending_sends = 0
+        self.upkeep: threading.Event | None = None
+        self.in_upkeep = threading.Event()
         self.closed = False
 
     def send(self, records: list[Record]) -> bool:
@@ -271,6 +273,9 @@ class Destination:
 
     def send_pending(self) -> None:
         self.pending_sends += 1
+        if self.upkeep is not None:  # as long as starting a new exporter takes
+            self.in_upkeep.set()
+            self.upkeep.wait(BOUND)
 
     def close(self) -> None:
         self.closed = True
@@ -320,6 +325,19 @@ def test_a_destination_that_never_blocks_gets_full_batches_from_the_adding_threa
     export.shutdown()  # the export thread sends the last one, and what the destination kept
     assert destination.batches == [4, 4, 1] and destination.senders[2] != threading.get_ident()
     assert destination.pending_sends >= 1 and export.exported == 9
+
+
+def test_the_adding_thread_never_waits_for_the_export_threads_upkeep() -> None:
+    destination = Destination(lambda records: True)
+    destination.never_blocks = True
+    destination.upkeep = threading.Event()
+    export = BoundedExport(destination, max_queue=64, batch_size=4, interval=0.001)
+    assert destination.in_upkeep.wait(BOUND)  # the export thread is busy, holding its lock
+    _spans(export, 8)  # two full batches: left for the thread, not waited for
+    assert destination.batches == []
+    destination.upkeep.set()
+    export.shutdown()
+    assert sum(destination.batches) == 8 and threading.get_ident() not in destination.senders
 
 
 def test_a_destination_that_may_block_gets_every_batch_from_the_export_thread() -> None:
