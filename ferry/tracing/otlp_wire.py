@@ -240,6 +240,41 @@ def _status(error: str) -> bytes:
     return _field(_SPAN_STATUS, status)
 
 
+def _child_span(
+    trace: bytes, state_field: bytes, parent: bytes, name_and_kind: bytes, start: int, end: int
+) -> bytes:
+    """A queue or stage span (a new span id, no attributes or links, local), as a
+    ``ScopeSpans.spans`` field."""
+    span = b"".join(
+        (
+            trace,
+            _SPAN_ID_8,
+            new_span_id().to_bytes(8, "big"),
+            state_field,
+            _PARENT_ID_8,
+            parent,
+            name_and_kind,
+            _pack_times(_START_TAG, start, _END_TAG, end),
+            _LOCAL_FLAGS,
+        )
+    )
+    return _spans_field(span)
+
+
+def _add_links(
+    parts: list[bytes], spans: Iterable[tuple[int, int]], before: bytes, after: bytes
+) -> None:
+    """Links to ``spans`` (trace id, span id), each between ``before`` and ``after``."""
+    for trace_id, span_id in spans:
+        parts += (
+            before,
+            trace_id.to_bytes(16, "big"),
+            _LINK_SPAN_ID_8,
+            span_id.to_bytes(8, "big"),
+            after,
+        )
+
+
 def _encode_request(record: RequestRecord) -> bytes:
     """A request record's queue span and request span, each as a ``ScopeSpans.spans``
     field."""
@@ -248,19 +283,7 @@ def _encode_request(record: RequestRecord) -> bytes:
     trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
     own = span_id.to_bytes(8, "big")
     state_field = _field(_SPAN_TRACE_STATE, state.encode()) if state else b""
-    queue = b"".join(
-        (
-            trace,
-            _SPAN_ID_8,
-            new_span_id().to_bytes(8, "big"),
-            state_field,
-            _PARENT_ID_8,
-            own,
-            _QUEUE_NAME_KIND,
-            _pack_times(_START_TAG, start, _END_TAG, dispatched or end),
-            _LOCAL_FLAGS,
-        )
-    )
+    queue = _child_span(trace, state_field, own, _QUEUE_NAME_KIND, start, dispatched or end)
     parts = [trace, _SPAN_ID_8, own, state_field]
     if parent_id:
         parts.append(_PARENT_ID_8 + parent_id.to_bytes(8, "big"))
@@ -270,18 +293,11 @@ def _encode_request(record: RequestRecord) -> bytes:
     parts.extend(_attributes(_SPAN_ATTRIBUTE, answer))
     if error:
         parts.append(_cache.attribute(_SPAN_ATTRIBUTE, ("error.type", error)))
-    for batch_trace, batch_span in batches:
-        parts += (
-            _TO_BATCH_BEFORE,
-            batch_trace.to_bytes(16, "big"),
-            _LINK_SPAN_ID_8,
-            batch_span.to_bytes(8, "big"),
-            _TO_BATCH_AFTER,
-        )
+    _add_links(parts, batches, _TO_BATCH_BEFORE, _TO_BATCH_AFTER)
     if error:
         parts.append(_status(error))
     parts.append(_REMOTE_FLAGS if remote else _LOCAL_FLAGS)
-    return _spans_field(queue) + _spans_field(b"".join(parts))
+    return queue + _spans_field(b"".join(parts))
 
 
 def _encode_batch(record: BatchRecord) -> bytes:
@@ -291,23 +307,10 @@ def _encode_batch(record: BatchRecord) -> bytes:
     trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
     own = span_id.to_bytes(8, "big")
     state_field = _field(_SPAN_TRACE_STATE, state.encode()) if state else b""
-    encoded = []
-    for stage, stage_start, stage_end in stages:
-        stage_span = b"".join(
-            (
-                trace,
-                _SPAN_ID_8,
-                new_span_id().to_bytes(8, "big"),
-                state_field,
-                _PARENT_ID_8,
-                own,
-                _cache.name(stage),
-                _INTERNAL_KIND,
-                _pack_times(_START_TAG, stage_start, _END_TAG, stage_end),
-                _LOCAL_FLAGS,
-            )
-        )
-        encoded.append(_spans_field(stage_span))
+    encoded = [
+        _child_span(trace, state_field, own, _cache.name(stage) + _INTERNAL_KIND, begin, finish)
+        for stage, begin, finish in stages
+    ]
     parts = [trace, _SPAN_ID_8, own, state_field]
     if parent_id:
         parts.append(_PARENT_ID_8 + parent_id.to_bytes(8, "big"))
@@ -315,14 +318,7 @@ def _encode_batch(record: BatchRecord) -> bytes:
     parts.extend(_attributes(_SPAN_ATTRIBUTE, attributes))
     if error:
         parts.append(_cache.attribute(_SPAN_ATTRIBUTE, ("error.type", error)))
-    for request_trace, request_span in served:
-        parts += (
-            _TO_REQUEST_BEFORE,
-            request_trace.to_bytes(16, "big"),
-            _LINK_SPAN_ID_8,
-            request_span.to_bytes(8, "big"),
-            _TO_REQUEST_AFTER,
-        )
+    _add_links(parts, served, _TO_REQUEST_BEFORE, _TO_REQUEST_AFTER)
     if error:
         parts.append(_status(error))
     parts.append(_LOCAL_FLAGS)

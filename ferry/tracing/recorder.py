@@ -30,6 +30,7 @@ from ferry.tracing.records import (
     Parent,
     Record,
     Sampler,
+    error_attributes,
     new_span_id,
     new_trace_id,
     parent_from_headers,
@@ -246,7 +247,7 @@ class Recorder(Tracing):
             raise
         finally:
             parent_id = parent.span_id if parent is not None else 0
-            message, attributes = _failure(error)
+            message = _error_name(error)
             end = time.time_ns()
             remote = parent is not None
             self._add(
@@ -258,7 +259,7 @@ class Recorder(Tracing):
                     KIND_SERVER,
                     start,
                     end,
-                    attributes,
+                    error_attributes(message),
                     (),
                     message,
                     state,
@@ -275,12 +276,9 @@ class Recorder(Tracing):
         return self._export.dropped if self._export is not None else 0
 
 
-def _failure(error: BaseException | None) -> tuple[str, Attributes]:
-    """A failed span's status message and ``error.type`` attribute: the error's type."""
-    if error is None:
-        return "", ()
-    name = type(error).__name__
-    return name, (("error.type", name),)
+def _error_name(error: BaseException | None) -> str:
+    """A failed span's status message (and ``error.type``): its error's type."""
+    return "" if error is None else type(error).__name__
 
 
 class _Request:
@@ -347,7 +345,7 @@ class _Request:
                 self.request_id,
                 attributes,
                 self.batches,
-                "" if error is None else type(error).__name__,
+                _error_name(error),
                 self.trace_state,
                 self.remote_parent,
             )
@@ -388,7 +386,7 @@ class _Batch:
                 time.time_ns(),
                 self.attributes,
                 self.served,
-                "" if error is None else type(error).__name__,
+                _error_name(error),
                 self.trace_state,
                 stages,
             )
