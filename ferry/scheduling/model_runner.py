@@ -159,6 +159,9 @@ class ModelRunner:
         self.demand: Callable[[str], None] | None = None
         """Told of every request by its label (``Residency.wanted``), when residency
         manages the model."""
+        self.load_refused: Callable[[str], str | None] | None = None
+        """Why a load on demand is not tried now (``Residency.refusal``: the last load
+        failed a moment ago), or None."""
 
     def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
         """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
@@ -233,9 +236,16 @@ class ModelRunner:
         return total
 
     async def load(self) -> None:
-        """Its workers up (``ModelLoadFailed`` when none could start, and none are left)."""
+        """Its workers up, at least one (a model registered with none, as TorchServe's
+        registration defaults to, still loads one on demand); ``ModelLoadFailed`` when
+        none could start, after answering what waits for it."""
         started = time.monotonic()
-        await self.scale(self.settings.workers, self.max_workers, wait=True)
+        workers = max(1, self.settings.workers)
+        try:
+            await self.scale(workers, max(self.max_workers, workers), wait=True)
+        except ModelLoadFailed as error:
+            self.dispatcher.fail_queued(NoWorkerAvailable(str(error)))
+            raise
         self.metrics.loaded_on_demand(time.monotonic() - started)
 
     async def evict(self) -> None:
@@ -287,6 +297,10 @@ class ModelRunner:
         """Raise now what ``submit`` would raise for a request arriving now (``Overloaded``
         or ``NoWorkerAvailable``): transports call it before reading a body, so a flood of
         requests the model cannot take costs as little as possible."""
+        if self._loads_on_demand() and self.load_refused is not None:
+            refusal = self.load_refused(self.label)
+            if refusal is not None:
+                raise NoWorkerAvailable(f"model {self.name} is not loaded: {refusal}")
         if not self.pool.can_accept() and not self._loads_on_demand():
             reason = self.last_error()
             detail = f": last load error: {reason}" if reason else ""

@@ -15,6 +15,12 @@ When nothing idle is left to evict, the model loads anyway, over the budget (log
 counted): a request is never refused because other models are busy. The next loads evict
 what has gone idle meanwhile.
 
+A load that fails answers what waits with its error, and for a while after it the model's
+requests are refused at once with that error instead of starting another load (which
+would start and crash a worker process per request): 2 s after the first failure,
+doubling with each failure in a row up to a minute; the next request after that tries
+again, and a load that succeeds forgets the failures.
+
 The policy (``choose_evictions``) is a pure function; ``Residency`` applies it to the
 models (``OnDemandModel``: a ``ModelRunner`` in the server, fakes in tests) with a clock
 it is given.
@@ -148,6 +154,24 @@ class _Entry:
     """Set when its eviction under way is done."""
     release: asyncio.Task[None] | None = field(default=None, repr=False)
     """Waiting for it to go idle, to evict it then (``Residency.release``)."""
+    failures: int = 0
+    """Loads that failed in a row."""
+    retry_at: float = 0.0
+    """Until then (the residency's clock) no load is tried: requests are refused."""
+    last_error: str = ""
+
+
+FIRST_RETRY_DELAY = 2.0
+MAX_RETRY_DELAY = 60.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds without a load after ``failures`` failed loads in a row.
+
+    >>> [retry_delay(n) for n in (1, 2, 3, 10)]
+    [2.0, 4.0, 8.0, 60.0]
+    """
+    return min(MAX_RETRY_DELAY, FIRST_RETRY_DELAY * 2.0 ** (failures - 1))
 
 
 class Residency:
@@ -218,8 +242,24 @@ class Residency:
         if entry is None:
             return
         entry.last_used = self._clock()
+        if self.refusal(label) is not None:
+            return  # its last load failed a moment ago: the request was refused
         if entry.on_demand and entry.state == LoadState.IDLE and not entry.model.resident():
             self._start(entry, self._load(entry))
+
+    def refusal(self, label: str) -> str | None:
+        """Why ``label`` is not loaded for a request arriving now: its last load failed
+        and the next is not due yet (None: a request may load it)."""
+        entry = self._entries.get(label)
+        if entry is None or entry.failures == 0 or entry.state != LoadState.IDLE:
+            return None
+        wait = entry.retry_at - self._clock()
+        if wait <= 0:
+            return None
+        return (
+            f"its last load on demand failed ({entry.last_error}); "
+            f"the next is tried in {wait:.1f} s"
+        )
 
     async def ensure_resident(self, label: str) -> None:
         """``wanted``, then wait for the load it started (or one under way, or the
@@ -283,7 +323,12 @@ class Residency:
             async with self._lock:
                 fitted = await self._make_room(entry, entry.expected)
             started = self._clock()
-            await model.load()
+            try:
+                await model.load()
+            except Exception as error:
+                self._failed(entry, error)
+                raise
+            entry.failures = 0
             entry.expected = _larger(entry.expected, model.footprint())
             seconds = self._clock() - started
             self._events.loaded(model.label, seconds, entry.expected)
@@ -300,6 +345,18 @@ class Residency:
                 ", ".join(f"{d} {limit >> 20} MiB" for d, limit in self.budgets.items()),
             )
             self._events.over_budget(model.label)
+
+    def _failed(self, entry: _Entry, error: Exception) -> None:
+        entry.failures += 1
+        entry.last_error = str(error) or type(error).__name__
+        delay = retry_delay(entry.failures)
+        entry.retry_at = self._clock() + delay
+        log.warning(
+            "%s: load on demand failed %d times in a row; its requests are refused for %.0f s",
+            entry.model.label,
+            entry.failures,
+            delay,
+        )
 
     async def _make_room(self, keep: _Entry, needed: Footprint) -> bool:
         """Evict idle on-demand models (never ``keep``) until ``needed`` fits the budgets

@@ -97,6 +97,7 @@ class ModelLifecycle:
             estimate=_estimated_footprint(archive, runner.settings.gpu_ids),
         )
         runner.demand = self.residency.wanted
+        runner.load_refused = self.residency.refusal
         runner.start()
         return entry
 

@@ -435,3 +435,73 @@ def test_torchserves_aot_compiled_library_answers_as_the_model_does(
         assert list(got) == list(expected)  # the same top five, in order
         for label, probability in expected.items():
             assert got[label] == pytest.approx(probability, abs=1e-4)
+
+
+SHARED_CACHE_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return {forward}
+"""
+
+
+def _shared_cache_archive(store: Path, name: str, forward: str) -> str:
+    scratch = store.parent / f"{name}-src"
+    scratch.mkdir()
+    model_file = scratch / "net.py"
+    model_file.write_text(SHARED_CACHE_NET.format(forward=forward))
+    namespace: dict[str, Any] = {}
+    exec(SHARED_CACHE_NET.format(forward=forward), namespace)
+    torch.save(namespace["Net"]().state_dict(), scratch / "net.pt")
+    config = {
+        "minWorkers": 1,
+        "batchSize": 2,
+        "maxBatchDelay": 10000,
+        "batchPolicy": "fixed_window",
+        "startupTimeout": 600,
+        "optimization": {"compile": "default", "warmup": {"input_shape": [3], "batch_sizes": [2]}},
+    }
+    spec = ArchiveSpec(
+        model_name=name,
+        handler=HANDLER,
+        serialized_file=scratch / "net.pt",
+        model_file=model_file,
+        config_file=write_config(scratch, config),
+    )
+    return write_archive(spec, store, force=True).name
+
+
+def test_models_differing_only_in_forward_never_share_compiled_graphs(tmp_path: Path) -> None:
+    """Issue 47: with ``TORCHINDUCTOR_CACHE_DIR`` set for the server, a second model whose
+    ``Net`` differed from the first's only in ``forward`` loaded the first's saved graphs
+    and answered every batch of 2 with the first model's result."""
+    store = tmp_path / "store"
+    store.mkdir()
+    plus = _shared_cache_archive(store, "plus", "self.lin(x) * 0.0 + 1.0")
+    minus = _shared_cache_archive(store, "minus", "self.lin(x) * 0.0 - 100.0")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared-cache"))
+        with ferry_server(store, [f"plus={plus}"], tmp_path, "--enable-model-api") as server:
+            with server.management() as api:
+                registered = api.post(
+                    "/models", params={"url": minus, "initial_workers": 1, "synchronous": "true"}
+                )
+                assert registered.status_code == 200, registered.text
+            with server.client() as client, ThreadPoolExecutor(2) as pool:
+                for model, expected in (("minus", -100.0), ("plus", 1.0)):
+                    path = f"/predictions/{model}"
+                    answers = list(
+                        pool.map(lambda p: client.post(p, json=[1.0, 2.0, 3.0]), [path] * 2)
+                    )
+                    for answer in answers:
+                        assert answer.status_code == 200, answer.text
+                        assert answer.json() == {"output": [expected] * 3, "batch": 2}
+            saved = list((tmp_path / "shared-cache" / "ferry-precompiled").glob("*.bin"))
+            assert len(saved) == 2, saved  # one file each: neither loaded the other's

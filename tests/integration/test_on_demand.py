@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.gate import busy_worker
-from tests.fixtures.models import handler_archive
+from tests.fixtures.models import HANDLERS, handler_archive, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.server import RunningServer, ferry_server
 
@@ -139,3 +140,53 @@ def test_a_snapshot_brings_an_on_demand_model_back_registered_not_resident(
         assert described["loadOnDemand"] is True and described["resident"] is False
         assert predict(server, "plain").status_code == 200
         assert resident(server, "plain")
+
+
+def _on_demand_archive(store: Path, name: str, handler: str) -> str:
+    """``loadOnDemand: true`` and nothing else: no ``minWorkers`` (issue 47's archive)."""
+    scratch = store.parent / f"{name}-src"
+    scratch.mkdir(exist_ok=True)
+    config = write_config(scratch, {"loadOnDemand": True})
+    spec = ArchiveSpec(model_name=name, handler=str(HANDLERS / handler), config_file=config)
+    return write_archive(spec, store, force=True).name
+
+
+def test_a_model_registered_without_workers_loads_one_and_answers_everything(
+    tmp_path: Path,
+) -> None:
+    """``POST /models?url=lazy.mar`` registers 0 workers (TorchServe's default); its load
+    on demand started none, and of 150 concurrent requests 97 waited forever."""
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = _on_demand_archive(store, "lazy", BALLAST)
+    with ferry_server(store, [], tmp_path, "--enable-model-api") as server:
+        with server.management() as api:
+            registered = api.post("/models", params={"url": archive})
+            assert registered.status_code == 200, registered.text
+        described = describe(server, "lazy")
+        assert described["minWorkers"] == 0 and described["loadOnDemand"] is True
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(lambda _: predict(server, "lazy"), range(90)))
+        assert [answer.status_code for answer in answers] == [200] * 90
+        assert len(describe(server, "lazy")["workers"]) == 1
+
+
+def test_a_load_that_keeps_failing_is_not_retried_by_every_request(tmp_path: Path) -> None:
+    """Each request to an on-demand model whose load crashes started a new load (13
+    worker processes in 20 s). After a failed load, requests are refused at once with
+    its error until the next load is due."""
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = _on_demand_archive(store, "crashing", "broken_handler.py")
+    with ferry_server(store, [f"crashing={archive}"], tmp_path) as server:
+        first = predict(server, "crashing")
+        assert first.status_code == 503, first.text
+        assert "this model cannot load" in first.json()["message"]
+        loads = server.log().count("this model cannot load")
+        refused = [predict(server, "crashing") for _ in range(10)]
+        assert {answer.status_code for answer in refused} == {503}
+        for answer in refused:
+            message = answer.json()["message"]
+            assert "this model cannot load" in message and "the next is tried in" in message
+        assert server.log().count("this model cannot load") == loads  # no load started
+        assert "load on demand failed 1 times in a row" in server.log()

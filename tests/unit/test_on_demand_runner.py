@@ -19,11 +19,11 @@ from tests.fixtures.fake_worker import FakeFactory, load_error, make_job, outcom
 BOUND = 30.0
 
 
-def on_demand_runner(factory: FakeFactory, name: str = "m") -> ModelRunner:
+def on_demand_runner(factory: FakeFactory, name: str = "m", workers: int = 1) -> ModelRunner:
     settings = RunnerSettings(
         batch_size=1,
         max_batch_delay=0.0,
-        workers=1,
+        workers=workers,
         response_timeout=5.0,
         startup_timeout=5.0,
         queue_capacity=100,
@@ -44,6 +44,7 @@ def on_demand_runner(factory: FakeFactory, name: str = "m") -> ModelRunner:
 def managed(residency: Residency, runner: ModelRunner) -> ModelRunner:
     residency.add(runner, on_demand=True, estimate={HOST: 0})
     runner.demand = residency.wanted
+    runner.load_refused = residency.refusal
     runner.start()
     return runner
 
@@ -112,6 +113,62 @@ def test_a_load_that_fails_answers_what_waited_with_the_reason() -> None:
         await runner.stop()
 
     run(scenario)
+
+
+def test_a_model_registered_without_workers_loads_one_on_demand() -> None:
+    """Issue 47: ``POST /models?url=x.mar`` gives 0 initial workers (TorchServe's
+    default); its load on demand started none and its requests waited forever."""
+
+    async def scenario() -> None:
+        factory = FakeFactory()
+        runner = managed(Residency({}), on_demand_runner(factory, workers=0))
+        job = make_job(b"a")
+        runner.submit(job)
+        (answer,) = await outcomes([job])
+        assert answer.body == b"a"  # type: ignore[union-attr]
+        assert factory.attempts == 1 and len(runner.slots) == 1
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_after_a_failed_load_requests_are_refused_at_once_with_its_error() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory(load_error("ImportError: no module named nothing"))
+        clock = Clock()
+        residency = Residency({}, clock=clock)
+        runner = managed(residency, on_demand_runner(factory))
+        job = make_job()
+        runner.submit(job)
+        await outcomes([job])
+        await until(lambda: residency.state("m v1.0") == LoadState.IDLE)
+        attempts = factory.attempts
+        for _ in range(5):
+            try:
+                runner.submit(make_job())
+            except NoWorkerAvailable as refused:
+                assert "no module named nothing" in refused.message
+                assert "the next is tried in" in refused.message
+            else:
+                raise AssertionError("admitted during the backoff")
+        assert factory.attempts == attempts  # no load started
+        clock.now += 2.0
+        retried = make_job()
+        runner.submit(retried)  # due: a load is tried again (and fails again)
+        (answer,) = await outcomes([retried])
+        assert isinstance(answer, NoWorkerAvailable)
+        assert factory.attempts > attempts
+        await runner.stop()
+
+    run(scenario)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_a_request_queued_while_its_model_is_evicted_is_answered() -> None:

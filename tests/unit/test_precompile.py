@@ -50,6 +50,82 @@ def test_the_key_holds_what_the_graphs_were_compiled_for_but_not_the_weights() -
     assert len(set(changed.values())) == len(changed)
 
 
+NET = """
+import torch
+from torch import nn
+
+
+def shift(x):
+    return x + {shift}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return {forward}
+"""
+
+
+def _net(tmp_path: Path, name: str, forward: str, shift: str = "1.0") -> nn.Module:
+    """``Net`` from a file of its own, as a model file is imported from an archive."""
+    import importlib.util
+
+    source = tmp_path / name / "model.py"
+    source.parent.mkdir()
+    source.write_text(NET.format(forward=forward, shift=shift))
+    spec = importlib.util.spec_from_file_location("model", source)  # as every worker names it
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model: nn.Module = module.Net().eval()
+    return model
+
+
+def _made_at_run_time(forward: str) -> nn.Module:
+    namespace: dict[str, Any] = {}
+    exec(NET.format(forward=forward, shift="1.0"), namespace)  # no source file to read
+    model: nn.Module = namespace["Net"]().eval()
+    return model
+
+
+def test_the_key_changes_with_the_models_code_and_not_with_its_file_name(
+    tmp_path: Path,
+) -> None:
+    """Two models whose ``Net`` differs only in ``forward`` (issue 47's case), a helper
+    beside the class changed, and classes made at run time: each its own file."""
+    examples = _examples(1, 4)
+
+    def key(model: nn.Module) -> Path:
+        return artifact_path(ROOT, model, "default", examples)
+
+    plus = key(_net(tmp_path, "plus", "self.lin(x) + 1.0"))
+    assert key(_net(tmp_path, "plus_again", "self.lin(x) + 1.0")) == plus
+    assert key(_net(tmp_path, "minus", "self.lin(x) * 0.0 - 100.0")) != plus
+    assert key(_net(tmp_path, "helper", "shift(self.lin(x))")) != key(
+        _net(tmp_path, "helper_changed", "shift(self.lin(x))", shift="2.0")
+    )
+    assert key(_made_at_run_time("self.lin(x) + 1.0")) != key(
+        _made_at_run_time("self.lin(x) * 0.0 - 100.0")
+    )
+    assert key(_made_at_run_time("self.lin(x) + 1.0")) == key(
+        _made_at_run_time("self.lin(x) + 1.0")
+    )
+
+
+def test_the_key_holds_a_graph_modules_generated_code() -> None:
+    traced = torch.fx.symbolic_trace(_mlp())
+    other = torch.fx.symbolic_trace(_mlp())
+    node = next(n for n in other.graph.nodes if n.op == "call_module" and n.target == "1")
+    node.target = "0"  # the same modules, called in another order
+    other.recompile()
+    assert artifact_path(ROOT, traced, "default", _examples(1)) != artifact_path(
+        ROOT, other, "default", _examples(1)
+    )
+
+
 @pytest.mark.parametrize("any_count", [True, False])
 def test_the_key_holds_the_thread_count_only_for_kernels_made_for_one(any_count: bool) -> None:
     model, examples = _mlp(), _examples(1, 4)

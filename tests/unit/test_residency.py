@@ -17,6 +17,7 @@ from ferry.scheduling.residency import (
     Residency,
     ResidencyEvents,
     choose_evictions,
+    retry_delay,
 )
 
 MB = 1 << 20
@@ -261,20 +262,45 @@ def test_the_measured_footprint_replaces_the_estimate() -> None:
     run(scenario)
 
 
-def test_a_load_that_fails_leaves_the_model_to_be_tried_again() -> None:
+def test_a_load_that_fails_refuses_requests_for_a_growing_while_then_tries_again() -> None:
+    """Issue 47: each request to a model whose load crashes started another load (13
+    worker processes in 20 s). Now the failure is answered for 2 s, then 4 s after a
+    second failure in a row; a load that succeeds forgets them."""
+
     async def scenario() -> None:
-        residency = Residency({})
+        clock = Clock()
+        residency = Residency({}, clock=clock)
         model = FakeModel("m")
         model.fail_next = True
         register(residency, model)
         residency.wanted("m")
         await settle(residency)
         assert not model.resident() and residency.state("m") == LoadState.IDLE
+        refusal = residency.refusal("m")
+        assert refusal is not None and "cannot load" in refusal and "2.0 s" in refusal
+        residency.wanted("m")  # refused: no load
+        await settle(residency)
+        assert model.loads == 1
+        clock.tick(2.0)
+        model.fail_next = True
+        residency.wanted("m")  # due again: tried, and fails a second time
+        await settle(residency)
+        assert model.loads == 2
+        clock.tick(3.9)
+        refusal = residency.refusal("m")
+        assert refusal is not None and "0.1 s" in refusal
+        clock.tick(0.1)
+        assert residency.refusal("m") is None
         residency.wanted("m")
         await settle(residency)
-        assert model.loads == 2 and model.resident()
+        assert model.loads == 3 and model.resident()
+        assert residency.refusal("m") is None
 
     run(scenario)
+
+
+def test_retry_delays_double_up_to_a_minute() -> None:
+    assert [retry_delay(n) for n in range(1, 8)] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
 
 
 def test_a_removed_model_is_forgotten() -> None:

@@ -8,9 +8,20 @@ worker compiles the warm-up batches with torch's ahead-of-time capture instead
 (``OptimizedModule._aot_compile``, experimental in torch 2.13): one graph for a batch of 1
 and one with a dynamic batch for the larger sizes, each with its guards. It saves them
 (with the compiled kernels' sources) in the compile cache under a key of torch's version,
-the device, the compile mode, the example inputs and the model's structure; a later
-worker of the model loads them and compiles nothing (their ``.so`` files are in the same
-cache).
+the device, the compile mode, the example inputs, the model's structure and its code; a
+later worker of the model loads them and compiles nothing (their ``.so`` files are in the
+same cache).
+
+The code is in the key because the saved graphs *are* the model's code, traced: two
+models whose classes differ only in ``forward`` (or a new version that fixed it) must
+never share a file. The key holds, for every class of the model's modules that is not
+torch's own, the source file it was defined in and its methods' bytecode (a class made
+at run time has no file), and a ``torch.fx`` module's generated code.
+
+The folder is trusted: the saved files are pickles, so whoever can write into the
+compile cache can run code in the workers. Ferry's own cache is private to the server
+(made beside the unpacked archive, mode 0700); a ``TORCHINDUCTOR_CACHE_DIR`` the operator
+sets must be writable only by the account the server runs as.
 
 A call the saved guards reject (another shape or dtype, a call outside
 ``torch.inference_mode`` or with an inference tensor) runs through an ordinary
@@ -35,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,11 +189,74 @@ def _kernels_for_any_thread_count() -> bool:
 
 def _fingerprint(model: torch.nn.Module) -> str:
     """The model's structure: its class, modules and every parameter's and buffer's name,
-    shape, dtype and device."""
+    shape, dtype and device; and its code (``code_fingerprint``)."""
     tensors = [*model.named_parameters(), *model.named_buffers()]
     described = [f"{name} {tuple(t.shape)} {t.dtype} {t.device}" for name, t in tensors]
     kind = type(model)
-    return "\n".join([f"{kind.__module__}.{kind.__qualname__}", repr(model), *described])
+    header = [f"{kind.__module__}.{kind.__qualname__}", repr(model), code_fingerprint(model)]
+    return "\n".join([*header, *described])
+
+
+def code_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of what runs when the model is called: for every class of its modules
+    that is not torch's own, the source file it was defined in (helpers beside the class
+    included) and its methods' bytecode; a ``torch.fx`` module's generated code."""
+    digest = hashlib.sha256()
+    seen: set[type] = set()
+    for module in model.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            digest.update(module.code.encode())
+        for kind in type(module).__mro__:
+            if kind in seen or _torch_own(kind):
+                continue
+            seen.add(kind)
+            digest.update(f"{kind.__module__}.{kind.__qualname__}".encode())
+            digest.update(_source_file_digest(kind))
+            for name, member in sorted(vars(kind).items()):
+                digest.update(name.encode())
+                _add_code(digest, member)
+    return digest.hexdigest()
+
+
+def _torch_own(kind: type) -> bool:
+    return kind is object or str(kind.__module__).split(".")[0] == "torch"
+
+
+def _source_file_digest(kind: type) -> bytes:
+    """The file the class's methods were compiled from (their code says which: the
+    class's module may be imported under a name ``sys.modules`` does not hold)."""
+    for member in vars(kind).values():
+        code = getattr(member, "__code__", None)
+        if isinstance(code, types.CodeType):
+            try:
+                return hashlib.sha256(Path(code.co_filename).read_bytes()).digest()
+            except OSError:  # made at run time (``<string>``), or the file is gone
+                return b""
+    return b""
+
+
+def _add_code(digest: Any, member: Any) -> None:
+    """A method's (or property's, or static or class method's) bytecode, constants and
+    names, nested functions' included."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    if isinstance(member, property):
+        for accessor in (member.fget, member.fset, member.fdel):
+            _add_code(digest, accessor)
+        return
+    code = getattr(member, "__code__", None)
+    if isinstance(code, types.CodeType):
+        _add_code_object(digest, code)
+
+
+def _add_code_object(digest: Any, code: types.CodeType) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            _add_code_object(digest, constant)
+        else:
+            digest.update(repr(constant).encode())
 
 
 def _channels_last(tensor: torch.Tensor) -> bool:
