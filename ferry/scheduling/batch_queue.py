@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 
 from ferry.scheduling.assembler import BatchAssembler
 from ferry.scheduling.batch_policy import BatchPolicy, CostModel
+from ferry.scheduling.waiting import wake_or_time_out
 
 T = TypeVar("T")
 
@@ -113,11 +114,8 @@ class BatchQueue(Generic[T]):
                 return self._released(self._assembler.take(now), decision.reason)
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-            timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
             try:
-                await asyncio.wait_for(waiter, timeout)
-            except TimeoutError:
-                pass
+                await wake_or_time_out(waiter, decision.wake_at, now)
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import signal
 import time
@@ -491,9 +492,14 @@ class Dispatcher:
         for take, queue in takes.items():
             if take is keep:
                 continue
-            if take.done() and not take.cancelled():
-                queue.put_front(take.result())
+            if take.done():
+                if not take.cancelled():
+                    queue.put_front(take.result())
+                continue
             take.cancel()
+            # A take may still finish with a batch (a cancel the coroutine did not see):
+            # what it took goes back rather than be lost with it.
+            take.add_done_callback(functools.partial(_put_back_late, queue))
 
     async def _send(self, worker: WorkerHandle, jobs: list[Job], held: InFlight) -> Exchange:
         self._batch_ids += 1
@@ -672,3 +678,8 @@ class Dispatcher:
         sequenced = self.sequences.drain() if self.sequences is not None else []
         for job in [*self.suspects.drain(), *self.queue.drain(), *sequenced]:
             job.fail(error)
+
+
+def _put_back_late(queue: BatchSource, take: asyncio.Future[list[Job]]) -> None:
+    if not take.cancelled() and take.exception() is None and take.result():
+        queue.put_front(take.result())

@@ -46,6 +46,7 @@ from ferry.handlers.contract.context import (
     SEQUENCE_START_HEADER,
 )
 from ferry.scheduling.jobs import Job
+from ferry.scheduling.waiting import wake_or_time_out
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,8 @@ class SequenceBook:
                 continue
             sequence.running = None
             sequence.waiting.appendleft(job)
+            if sequence.owner is not None and sequence.owner not in self._lanes:
+                self._end(sequence.sequence_id, "its worker went away, and its state with it")
         self._wake_all()
 
     def drain(self) -> list[Job]:
@@ -272,7 +275,10 @@ class SequenceBook:
         return False, release if wake is None else min(wake, release)
 
     def take(self, lane_id: int) -> list[Job]:
-        """The lane's next batch: one request from each ready sequence, up to batch size."""
+        """The lane's next batch: one request from each ready sequence, up to batch size
+        (none for a closed lane: its worker is gone)."""
+        if lane_id not in self._lanes:
+            return []
         self.expire()
         jobs: list[Job] = []
         for sequence in self.ready(lane_id)[: self.batch_size]:
@@ -339,8 +345,9 @@ class SequenceBook:
         self._waiters.clear()
 
     async def wait_for_batch(self, lane_id: int) -> list[Job]:
-        """Wait until the lane is due a batch, and take it. Cancelling takes nothing."""
-        while True:
+        """Wait until the lane is due a batch, and take it. Cancelling takes nothing; a
+        closed lane takes nothing either (an empty batch)."""
+        while lane_id in self._lanes:
             self.expire()
             now = self._clock()
             due, wake_at = self.due(lane_id, now)
@@ -351,14 +358,12 @@ class SequenceBook:
                 continue
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-            timeout = None if wake_at is None else max(0.0, wake_at - now)
             try:
-                await asyncio.wait_for(waiter, timeout)
-            except TimeoutError:
-                pass
+                await wake_or_time_out(waiter, wake_at, now)
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+        return []
 
 
 class SequenceLane:

@@ -884,3 +884,32 @@ def test_a_cancelled_last_request_lets_the_client_go_on() -> None:
         assert lane.take_ready() == [later]
 
     run(scenario)
+
+
+def test_a_take_cancelled_as_a_request_wakes_it_takes_nothing_then_or_later() -> None:
+    """Issue 47: a worker died the moment its lane's take was woken (its sequence's
+    answer, or a new request). On Python 3.11 ``asyncio.wait_for`` swallowed that cancel:
+    the take of the dead worker's lane went on, took the client's next request, and that
+    request waited forever. The take must end cancelled, and a closed lane take nothing."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        book = make_book(clock, wait_for_more=False)
+        dead, live = book.lane(), book.lane()
+        first = make_job("first")
+        book.add(first, "s")
+        assert book.take(dead.lane_id) == [first]
+        take = asyncio.ensure_future(dead.take_batch())
+        await settle()  # waiting, with a time-out (the idle sequence's expiry)
+        answer(first)
+        await settle()  # the answer woke the take: it resumes on the next step
+        take.cancel()  # the worker died at that moment
+        dead.close()
+        await asyncio.wait({take})
+        assert take.cancelled()
+        again = make_job("again")
+        book.add(again, "s")  # a new sequence: the old one ended with its worker
+        assert book.take(dead.lane_id) == []
+        assert book.take(live.lane_id) == [again]
+
+    run(scenario)
