@@ -29,6 +29,7 @@ from grpc import aio
 
 from ferry import __version__
 from ferry.apis import Apis
+from ferry.echo import capped_message
 from ferry.errors import FerryError, InvalidInput, InvalidRequest
 from ferry.grpc import open_inference_codec as codec
 from ferry.grpc.calls import on_hang_up, request_headers
@@ -99,7 +100,7 @@ def _spec(tensor: TensorSpec) -> pb.ModelMetadataResponse.TensorMetadata:
 
 
 async def _fail(context: Context, error: FerryError) -> Never:
-    await context.abort(error_code(error), error.message)
+    await context.abort(error_code(error), capped_message(error.message))
 
 
 class OpenInference(pb_grpc.GRPCInferenceServiceServicer):

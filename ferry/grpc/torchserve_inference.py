@@ -27,6 +27,7 @@ from google.protobuf import empty_pb2
 from grpc import StatusCode, aio
 
 from ferry.apis import Apis
+from ferry.echo import capped_message
 from ferry.errors import ClientGone, FerryError, InvalidRequest
 from ferry.grpc.calls import on_hang_up, request_headers
 from ferry.grpc.errors import PREDICTION_CODES, error_code
@@ -51,7 +52,7 @@ def request_parts(request: pb.PredictionsRequest) -> list[InputPart]:
 
 
 async def _fail(context: Context, error: FerryError) -> Never:
-    await context.abort(error_code(error, PREDICTION_CODES), error.message)
+    await context.abort(error_code(error, PREDICTION_CODES), capped_message(error.message))
 
 
 class _SequenceAnswer:
@@ -81,7 +82,7 @@ class _SequenceAnswer:
             if isinstance(event, FerryError):
                 code = error_code(event, PREDICTION_CODES).value[0]
                 response = pb.PredictionResponse(sequence_id=self.sequence_id)
-                response.status.code, response.status.message = code, event.message
+                response.status.code, response.status.message = code, capped_message(event.message)
                 yield response
                 return
             yield pb.PredictionResponse(prediction=event.body, sequence_id=self.sequence_id)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Never
 from grpc import aio
 
 from ferry.apis import Apis
+from ferry.echo import capped_message
 from ferry.errors import FerryError, InvalidRequest
 from ferry.grpc.errors import CUSTOMIZED_DESCRIBE_CODES, NO_OVERRIDES, Overrides, error_code
 from ferry.grpc.generated import ferry_torchserve_management_pb2 as pb
@@ -69,7 +70,7 @@ def _json(document: Any) -> pb.ManagementResponse:
 
 
 async def _fail(context: Context, error: FerryError, overrides: Overrides = NO_OVERRIDES) -> Never:
-    await context.abort(error_code(error, overrides), error.message)
+    await context.abort(error_code(error, overrides), capped_message(error.message))
 
 
 class TorchServeManagement(pb_grpc.ManagementAPIsServiceServicer):

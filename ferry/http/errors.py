@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from ferry.echo import capped, capped_message
 from ferry.error_table import ERROR_ROWS, UNLISTED_ROW, most_specific
 from ferry.errors import FerryError, HandlerFailed
 
@@ -21,7 +22,9 @@ ERROR_TABLE: Mapping[type[FerryError], tuple[int, str]] = {
 
 
 def error_body(status: int, error_type: str, message: str) -> Response:
-    body = json.dumps({"code": status, "type": error_type, "message": message})
+    """TorchServe's JSON error body; the message cut to ``MESSAGE_LIMIT`` (it may hold
+    a client's path or model name: ``ferry.echo``)."""
+    body = json.dumps({"code": status, "type": error_type, "message": capped_message(message)})
     return Response(body, status_code=status, media_type="application/json")
 
 
@@ -84,12 +87,12 @@ def exception_handlers(
     async def client_gone(request: Request, exc: Exception) -> Response:
         # The client left mid-body, or the listener answered 408 for a body that did not
         # come (ferry.http.protocol): as for ClientGone, no one reads this, and no bug.
-        log.debug("client disconnected during %s %s", request.method, request.url.path)
+        log.debug("client disconnected during %s %s", request.method, capped(request.url.path))
         record(499)
         return error_body(499, "ClientClosedRequestException", "the client closed the connection")
 
     async def internal_error(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        log.error("unhandled error on %s", capped(request.url.path), exc_info=exc)
         record(500)
         return error_body(500, "InternalServerException", f"{type(exc).__name__}: {exc}")
 

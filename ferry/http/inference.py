@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ferry.echo import capped
 from ferry.errors import FerryError
 from ferry.http.errors import (
     Endpoint,
@@ -49,15 +50,16 @@ def log_access(
     """One line per request: model, version, status, latency, queue time, batch size.
 
     On every request of a busy server: method and path come straight from the ASGI scope
-    (``request.url`` would build a URL object only to take its path back out)."""
+    (``request.url`` would build a URL object only to take its path back out). Path, model
+    and version are the client's, each cut to ``ECHO_LIMIT`` characters (``ferry.echo``)."""
     if not access.isEnabledFor(logging.INFO):
         return
     fields = {
         "method": request.scope["method"],
-        "path": request.scope["path"],
+        "path": capped(request.scope["path"]),
         "status": status,
-        "model": model,
-        "version": version,
+        "model": capped(model),
+        "version": capped(version) if version is not None else None,
         "latency_ms": round((time.perf_counter() - start) * 1000, 3),
         "queue_ms": round(answer.queued_seconds * 1000, 3) if answer else None,
         "batch_size": answer.batch_size if answer else None,

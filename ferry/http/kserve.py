@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry import __version__
+from ferry.echo import capped_message
 from ferry.errors import FerryError, HandlerFailed, InvalidInput
 from ferry.http.errors import StatusRecorder, lookup
 from ferry.http.hang_up import on_hang_up
@@ -46,7 +47,8 @@ def _error(error: FerryError) -> Response:
     status, _ = lookup(error)
     if isinstance(error, HandlerFailed) and error.status is not None:
         status = error.status  # the handler asked for this code (PredictionException)
-    return Response(v2.error_document(str(error)), status, media_type="application/json")
+    body = v2.error_document(capped_message(error.message))
+    return Response(body, status, media_type="application/json")
 
 
 def _guarded(endpoint: Endpoint, record: StatusRecorder) -> Endpoint:

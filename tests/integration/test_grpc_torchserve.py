@@ -135,6 +135,16 @@ def test_an_unknown_model_is_internal_as_in_torchserve(infer: Any) -> None:
     assert stream.code() == Code.INTERNAL
 
 
+def test_a_long_unknown_name_is_echoed_cut(infer: Any) -> None:
+    """Issue 47, item 7: a 60 KB name in the status details went past gRPC's metadata
+    limit, and the client got RESOURCE_EXHAUSTED ("Stream removed") instead."""
+    error = _error(lambda: _predict(infer, "m" * 60_000, b"[1]"))
+    assert error.code() == Code.INTERNAL
+    details = error.details() or ""
+    assert details.startswith("Model not found: mmm") and len(details) < 2_000
+    assert details.endswith("... (60017 characters)")
+
+
 def test_a_missing_model_name_is_refused_with_torchserves_words(infer: Any) -> None:
     error = _error(lambda: infer.Predictions(inference.PredictionsRequest(), timeout=TIMEOUT))
     assert error.code() == Code.INTERNAL

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -105,3 +106,28 @@ def test_a_client_cannot_forge_or_drive_log_lines(main_server: RunningServer) ->
         for line in lines
     )
     assert b"\x1b" not in log and b"\r" not in log
+
+
+def test_a_long_path_is_echoed_cut_in_the_answer_and_the_access_line(tmp_path: Path) -> None:
+    """Issue 47, item 7: a 60 KB path gave a 120 KB access line (path and model name each
+    in full) and a 60 KB 404 body."""
+    store = tmp_path / "store"
+    store.mkdir()
+    name = "m" * 60_000
+    with ferry_server(store, [], tmp_path) as server:
+        with server.client() as client:
+            answers = [
+                client.post(f"/predictions/{name}", content=b"x"),
+                client.post(f"/v2/models/{name}/infer", json={"inputs": []}),
+            ]
+        with server.management() as api:
+            answers.append(api.get(f"/models/{name}"))
+        log = server.log()
+    for answer in answers:
+        assert answer.status_code == 404, answer.text[:200]
+        assert len(answer.content) < 2_000
+        assert re.search(r"\.\.\. \(600\d\d characters\)", answer.text)
+    [line] = [line for line in log.splitlines() if "ferry.access" in line]
+    assert len(line) < 2_000
+    assert f"path=/predictions/{'m' * 100}" in line and "(60013 characters)" in line
+    assert f"model={'m' * 256}... (60000 characters) " in line
