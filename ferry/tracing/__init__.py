@@ -117,12 +117,20 @@ def trace_batch(
     return requests[0].tracing.batch(model, batch_id, requests, worker)
 
 
+def available() -> bool:
+    """Whether OpenTelemetry's SDK can be imported (the ``otel`` extra is installed)."""
+    try:
+        return importlib.util.find_spec("opentelemetry.sdk") is not None
+    except ModuleNotFoundError:  # no ``opentelemetry`` package at all: its parent is looked up
+        return False
+
+
 def tracing_for(enabled: bool) -> Tracing:
     """Ferry's tracing: off, or OpenTelemetry's as the ``OTEL_*`` variables configure it.
     Raises ``ConfigError`` naming the extra when its packages are missing."""
     if not enabled:
         return NO_TRACING
-    if importlib.util.find_spec("opentelemetry.sdk") is None:
+    if not available():
         raise ConfigError(
             f"enable_tracing needs opentelemetry-sdk, which is not installed: {INSTALL_HINT}"
         )
