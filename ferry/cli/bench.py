@@ -5,14 +5,20 @@ it runs); this one names them and adds them to the command line. The bench tools
 ``bench`` extra (aiohttp, httpx, matplotlib), which the server does not: the command modules
 import only the standard library until a bench command runs, and a missing extra is reported
 in one line.
+
+Ctrl-C and SIGTERM stop a command the same way: the exception unwinds it, so every server
+it started (``ferry.bench.servers.start_server``, in a session of its own that neither
+signal reaches) is stopped on the way out; then one line, and exit status 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from ferry.bench.commands import BenchCommand, limit, load, profile, sweep, tune
@@ -49,6 +55,36 @@ def needing_bench_extra(command: Command, *modules: str) -> Command:
     return run
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is as Ctrl-C raises ``KeyboardInterrupt``, so the
+    same clean-up runs (asyncio, too, lets a ``KeyboardInterrupt`` through its tasks)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    # Once: a second SIGTERM must not cut short the clean-up the first one started (it is
+    # bounded: ``stop_group`` kills a server that does not stop within its grace).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+def stopped_cleanly(command: Command) -> Command:
+    """``command``, stopped by Ctrl-C or SIGTERM with its servers stopped, one line saying
+    so (no traceback) and exit status 128 + the signal's number."""
+
+    def run(args: argparse.Namespace) -> int:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            return command(args)
+        except KeyboardInterrupt as stop:
+            signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+            print(f"ferry bench {args.tool}: stopped ({signum.name})", file=sys.stderr)
+            return 128 + signum
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return run
+
+
 COMMANDS: dict[str, BenchCommand] = {
     "load": load,
     "profile": profile,
@@ -70,4 +106,4 @@ def add_parser(commands: Any) -> None:
     for name, command in COMMANDS.items():
         tool = tools.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
         command.add_arguments(tool)
-        tool.set_defaults(run=needing_bench_extra(command.run, *command.NEEDS))
+        tool.set_defaults(run=stopped_cleanly(needing_bench_extra(command.run, *command.NEEDS)))

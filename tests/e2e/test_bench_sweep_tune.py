@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.fixtures.cli import run_ferry
+from tests.fixtures.cli import FERRY, run_ferry
 from tests.fixtures.models import DEMO_STORE, digest_archive
+from tests.fixtures.polling import wait_until
+from tests.fixtures.processes import children_of, is_running
 from tests.fixtures.server import ferry_server
 
 DEMO_SAMPLES = DEMO_STORE.parent / "samples"
@@ -216,3 +221,54 @@ def test_tune_writes_the_model_config_to_use(tmp_path: Path, model: Path) -> Non
         timeout=600,
     )
     assert impossible.returncode == 1 and "no configuration met" in impossible.stdout
+
+
+def _serving_child(pid: int) -> int | None:
+    """A ``ferry serve`` that process ``pid`` started, if one runs."""
+    for child in children_of(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in command:
+            return child
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_stops_tune_and_the_server_it_started(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """Issue 47, item 8: SIGTERM left tune's ``ferry serve`` running; Ctrl-C stopped it
+    but printed some 65 lines of traceback."""
+    out, output = tmp_path / "out", tmp_path / "output.txt"
+    command = [
+        *FERRY,
+        *("bench", "tune", str(DEMO_STORE / "shapes.mar"), "--slo-p99", "50ms"),
+        *("--input", str(DEMO_SAMPLES / "star.png"), "--out", str(out)),
+    ]
+    with output.open("w") as written:
+        tune = subprocess.Popen(command, stdout=written, stderr=subprocess.STDOUT)
+    server = None
+    try:
+        wait_until("tune's server", lambda: _serving_child(tune.pid) is not None, process=tune)
+        server = _serving_child(tune.pid)
+        logs = out / "servers"
+        wait_until(
+            "its server to listen",
+            lambda: any("API listening" in log.read_text() for log in logs.rglob("server.log")),
+            process=tune,
+        )
+        tune.send_signal(signum)
+        tune.wait(timeout=120)  # the server stops within its grace, then tune exits
+        server_left = server is not None and is_running(server)
+    finally:
+        for pid in (tune.pid, server):
+            if pid is not None and is_running(pid):
+                os.kill(pid, signal.SIGKILL)  # whatever the test found, nothing outlives it
+        tune.wait(timeout=30)
+    text = output.read_text()
+    assert server is not None and not server_left, text
+    assert tune.returncode == 128 + signum, text
+    assert "Traceback" not in text, text
+    assert text.splitlines()[-1] == f"ferry bench tune: stopped ({signum.name})", text
