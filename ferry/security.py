@@ -7,8 +7,9 @@ Each key (management, inference) comes from the first of these that has it:
 2. the key file (``key_file``), when it exists: reused as it is and never rewritten, so a
    restart, or a second server started beside a running one, keeps the keys clients hold;
 3. fresh random keys, written to the key file (owner-only, atomically) by ``KeyPlan.save``,
-   which ``ferry.server`` calls only once every listener is bound: a start that fails
-   never touches the file.
+   which ``ferry.server`` calls only once every listener is bound and the start-up models
+   are loaded: a start that fails (a port in use, an invalid model-config.yaml) never
+   touches the file.
 
 A key file that exists but cannot be read, or is not a Ferry key file, stops start-up
 with a ``ConfigError`` naming it; Ferry never overwrites it. Keys are never logged.

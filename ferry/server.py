@@ -8,10 +8,11 @@ Start-up, in this order:
 2. The service (no workers yet), the API keys (``ferry.security``; nothing written yet),
    and one listener per enabled row of ``LISTENERS``, bound before anything serves. If
    one cannot listen, start-up stops here: no key file is written and no worker started.
-3. Generated keys are written to the key file; the listeners serve; the start-up models
-   load; once they are ready, with ``log_location`` set, TorchServe's system metrics lines
-   go to ``ts_metrics.log`` (then every ``metric_time_interval``), and the ready file
-   gets the bound addresses.
+3. The listeners serve; the start-up models load; once they are ready, generated keys
+   are written to the key file (a start that fails, a model-config.yaml that is invalid
+   included, never writes it), with ``log_location`` set TorchServe's system metrics
+   lines go to ``ts_metrics.log`` (then every ``metric_time_interval``), and the ready
+   file gets the bound addresses.
 
 Shutdown: start-up model loading is cancelled; once serving, readiness turns 503
 ``Draining`` and the listeners go on serving for ``drain_delay`` seconds (for a load
@@ -206,11 +207,8 @@ async def run_server(settings: ServerSettings) -> int:
         ]
         listeners = [listener for _, listener in built]
         urls = _bind_all(built, settings)
-        if keys is not None:
-            keys.save()
-            _log_keys(keys)
         serving = [asyncio.create_task(listener.serve()) for listener in listeners]
-        code = await _start_up_then_serve(service, settings, urls, stop)
+        code = await _start_up_then_serve(service, settings, urls, stop, keys)
         return code
     finally:
         stop.requested.set()  # from here on, a signal exits at once
@@ -256,10 +254,17 @@ def _bind_all(
 
 
 async def _start_up_then_serve(
-    service: FerryService, settings: ServerSettings, urls: dict[str, str], stop: _StopSignals
+    service: FerryService,
+    settings: ServerSettings,
+    urls: dict[str, str],
+    stop: _StopSignals,
+    keys: KeyPlan | None,
 ) -> int:
     if not await _load_models(service, stop):
         return 1
+    if keys is not None:  # only a start that succeeded writes new keys to the key file
+        keys.save()
+        _log_keys(keys)
     for name, url in urls.items():
         log.info("%s API listening on %s", name, url)
     _log_models(service)

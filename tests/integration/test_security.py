@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.fixtures.cli import run_ferry, serve_args
-from tests.fixtures.models import echo_store
+from tests.fixtures.models import digest_archive, echo_store
 from tests.fixtures.server import ferry_server
 
 
@@ -75,6 +75,17 @@ def test_disable_token_auth_writes_no_key_file(store: Path, tmp_path: Path) -> N
         assert api.get("/models").status_code == 200
     assert not (tmp_path / "key_file.json").exists()
     assert "token authorization is disabled" in server.log()
+
+
+def test_a_start_that_fails_on_a_model_config_writes_no_key_file(tmp_path: Path) -> None:
+    """Issue 47, item 8: new keys were written once the listeners were bound, before the
+    start-up models' configurations were read."""
+    digest_archive(tmp_path, "typo", image_classifier={"tpok": 3})
+    key_file = tmp_path / "key_file.json"
+    serve = serve_args(tmp_path, "--models", "typo.mar", "--key-file", str(key_file))
+    result = run_ferry(*serve, timeout=120)
+    assert result.returncode == 2 and "unknown key 'tpok'" in result.stderr, result.stderr
+    assert not key_file.exists()
 
 
 def test_https_listeners(store: Path, tmp_path: Path) -> None:
