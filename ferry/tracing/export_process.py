@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import IO
 
 from ferry.errors import ConfigError
+from ferry.tracing.losses import LossLog, RepeatFilter
 from ferry.tracing.otel import (
     InProcessExport,
     configured_sampler,
@@ -64,6 +65,7 @@ class ExporterProcess:
     RESTART_INTERVAL = 5.0
     MAX_UNWRITTEN = 4 << 20
     never_blocks = True
+    loss_reason = "the exporter process had ended, or was over 4 MiB behind"
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._environ = dict(environ)
@@ -242,6 +244,8 @@ def main() -> None:
     # (it closes the input, and this process sends what it holds first).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # the SDK's exporter: a line per failed batch
+        handler.addFilter(RepeatFilter("opentelemetry"))
     answers = os.fdopen(int(sys.argv[1]), "w")
 
     try:
@@ -254,17 +258,29 @@ def main() -> None:
         sys.exit(2)
     destination = InProcessExport(exporter, resource_from(os.environ))
     print("ready", file=answers, flush=True)
+    _export_batches(destination, answers)
+    destination.close()
+
+
+def _export_batches(destination: InProcessExport, answers: IO[str]) -> None:
+    """Send each batch of the input; answer ``lost N`` after each that failed, and log
+    the losses at a bounded rate (the process's stderr is the server's)."""
     lost = 0
+    losses = LossLog(log)
     while (batch := _next_batch(sys.stdin.buffer)) is not None:
+        spans = sum(map(span_count, batch))
         try:
             sent = destination.send(batch)
         except Exception as error:  # an exporter's own failure must not end the process
-            log.warning("exporting %d spans failed: %s", sum(map(span_count, batch)), error)
+            losses.lost(type(error).__name__, spans, str(error))
             sent = False
+        else:
+            if not sent:
+                losses.lost(destination.loss_reason, spans)
         if not sent:
-            lost += sum(map(span_count, batch))
+            lost += spans
             print(f"lost {lost}", file=answers, flush=True)
-    destination.close()
+        losses.report_due()
 
 
 if __name__ == "__main__":

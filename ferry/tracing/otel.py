@@ -86,6 +86,7 @@ class InProcessExport:
 
     lost = 0  # the exporter answers each batch at once
     never_blocks = False  # it waits for the collector: the export thread sends
+    loss_reason = "the exporter failed to send it (the collector refused it or is unreachable)"
 
     def send_pending(self) -> None:
         """Nothing kept: each batch is sent whole."""

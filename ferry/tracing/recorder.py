@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ferry.tracing import BatchTrace, RequestTrace, Tracing
+from ferry.tracing.losses import LossLog
 from ferry.tracing.records import (
     BATCH,
     KIND_SERVER,
@@ -51,6 +52,11 @@ class SpanDestination(Protocol):
         ...
 
     @property
+    def loss_reason(self) -> str:
+        """Why a batch ``send`` answered False for was lost, in the log's words."""
+        ...
+
+    @property
     def never_blocks(self) -> bool:
         """Whether ``send`` returns at once whatever happens downstream (it keeps what it
         could not pass on yet for ``send_pending``): then the serving thread sends full
@@ -72,10 +78,14 @@ class SpanDestination(Protocol):
         ...
 
 
+QUEUE_FULL = "the export queue was full (the exporter is behind)"
+
+
 class BoundedExport:
     """Records queued (at most ``max_queue``; beyond, dropped and their spans counted) and
     sent to ``destination`` in batches of up to ``batch_size``: by one thread every
-    ``interval`` seconds, and as soon as a batch is full. Records are added from one
+    ``interval`` seconds, and as soon as a batch is full. Lost spans are also logged, at a
+    bounded rate (``losses``, ``ferry.tracing.losses``). Records are added from one
     thread (the server's event loop), which sends a full batch itself when the destination
     never blocks: handing it to the export thread instead made the event loop wait for
     the GIL's hand-back behind the other processes on a busy machine (the no-op traced
@@ -87,8 +97,10 @@ class BoundedExport:
         max_queue: int = 2048,
         batch_size: int = 512,
         interval: float = 1.0,
+        losses: LossLog | None = None,
     ) -> None:
         self._destination = destination
+        self._losses = losses or LossLog(log)
         self._max_queue, self._batch_size, self._interval = max_queue, batch_size, interval
         self._queue: deque[Record] = deque()
         self._inline = destination.never_blocks
@@ -105,7 +117,9 @@ class BoundedExport:
     def add(self, record: Record) -> None:
         queued = len(self._queue)
         if queued >= self._max_queue:
-            self._dropped_full += span_count(record)
+            spans = span_count(record)
+            self._dropped_full += spans
+            self._losses.lost(QUEUE_FULL, spans)
             return
         self._queue.append(record)
         if queued + 1 == self._batch_size:
@@ -132,6 +146,7 @@ class BoundedExport:
             with self._sending:
                 self._send_queued(whole_batches_only=False, everything=stopping)
                 self._destination.send_pending()
+            self._losses.report_due()
             if stopping and not self._queue:
                 return
 
@@ -149,12 +164,14 @@ class BoundedExport:
         try:
             sent = self._destination.send(batch)
         except Exception as error:  # an exporter's own failure must not end the thread
-            log.warning("exporting %d spans failed: %s", spans, error)
-            sent = False
+            self._dropped_failed += spans
+            self._losses.lost(type(error).__name__, spans, str(error))
+            return
         if sent:
             self.exported += spans
         else:
             self._dropped_failed += spans
+            self._losses.lost(self._destination.loss_reason, spans)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until the queue is empty (True) or ``timeout`` passes (False)."""

@@ -9,6 +9,7 @@ and never blocks the caller."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -250,6 +251,7 @@ class Destination:
 
     lost = 0
     never_blocks = False
+    loss_reason = "the test's destination refused it"
 
     def __init__(self, send: Callable[[list[Record]], bool], blocked: bool = False) -> None:
         self._send = send
@@ -356,6 +358,22 @@ def test_a_failing_exporter_counts_its_spans_as_dropped() -> None:
     _spans(export, 2)
     export.shutdown()
     assert export.dropped == 2 and export.exported == 0
+
+
+def test_a_refusing_exporter_is_logged_once_for_many_batches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 47, item 8: a batch the destination refused was counted, never logged."""
+    caplog.set_level(logging.WARNING, "ferry.tracing")
+    export = BoundedExport(Destination(lambda records: False), 64, 2, BOUND)
+    _spans(export, 10)
+    export.shutdown()
+    assert export.dropped == 10
+    lines = [r.getMessage() for r in caplog.records if r.name == "ferry.tracing"]
+    assert lines == [
+        "trace export: 2 spans lost: the test's destination refused it "
+        "(such losses are logged at most every 30 s)"
+    ]
 
 
 def test_shutdown_sends_every_queued_span_in_batches() -> None:
