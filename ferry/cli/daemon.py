@@ -6,11 +6,21 @@ background, with a pid file.
 waits until the server writes its ready file (models loaded) or exits, and reports in one
 line. ``--stop`` sends SIGTERM to the process the pid file names, if it is a Ferry server,
 and waits for it to exit; with none running it says so and succeeds, as TorchServe does.
+
+Servers are told apart by their inference address: without ``--pid-file``, each has its
+own pid file, ``$TMPDIR/ferry-UID/ferry-HOST-PORT.pid`` (TorchServe, and Ferry before
+issue 47, had one per user account, so ``--stop`` in any folder stopped whichever server
+ran). Beside it, ``ferry-HOST-PORT.pid.ready`` holds the addresses the server bound, so
+that ``--stop`` says which server it stopped. ``--stop`` stops the server its flags and
+config file name; given neither, the one at the default address, else the only one
+running; when several run and nothing says which, it lists them and stops none.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,16 +29,30 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ferry.config.settings import Address
+
 STOP_SECONDS = 60.0
 """How long ``--stop`` waits for the server to exit (it drains its workers first)."""
 POLL_SECONDS = 0.1
 LOG_TAIL_LINES = 20
 
 
-def default_pid_file() -> Path:
-    """``$TMPDIR/ferry-UID/ferry.pid``: one per user; ``--pid-file`` names another for a
-    second server."""
-    return Path(tempfile.gettempdir()) / f"ferry-{os.getuid()}" / "ferry.pid"
+def pid_folder() -> Path:
+    """``$TMPDIR/ferry-UID``: where the default pid files of this user's servers are."""
+    return Path(tempfile.gettempdir()) / f"ferry-{os.getuid()}"
+
+
+def default_pid_file(inference: Address) -> Path:
+    """The pid file of the server whose inference API is at ``inference`` (as configured:
+    port 0 too), ``pid_folder()/ferry-HOST-PORT.pid``."""
+    where = f"unix{inference.path}" if inference.scheme == "unix" else inference.url()
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", where.partition("://")[2] or where).strip("-")
+    return pid_folder() / f"ferry-{name}.pid"
+
+
+def addresses_file(pid_file: Path) -> Path:
+    """Beside the pid file: the addresses the server bound (its ready file's copy)."""
+    return pid_file.with_name(pid_file.name + ".ready")
 
 
 def start(serve_args: list[str], pid_file: Path, log_location: Path, ready_file: Path) -> int:
@@ -63,6 +87,8 @@ def start(serve_args: list[str], pid_file: Path, log_location: Path, ready_file:
         print(_tail(log_file), file=sys.stderr)
         return process.returncode or 1
     process.returncode = 0  # it runs on detached; keep Popen from warning that it still runs
+    if ready_file != addresses_file(pid_file):
+        addresses_file(pid_file).write_text(ready_file.read_text())
     print(f"Ferry started (pid {process.pid}); logs in {log_location}")
     return 0
 
@@ -74,19 +100,74 @@ def stop(pid_file: Path) -> int:
     ``STOP_SECONDS``."""
     pid = running_pid(pid_file)
     if pid is None:
-        pid_file.unlink(missing_ok=True)  # a stale file from a server that is gone
+        _forget(pid_file)  # a stale file from a server that is gone
         print("Ferry is not currently running.")  # TorchServe's words, and its exit code 0
         return 0
+    which = describe(pid_file, pid)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_SECONDS
     while _is_alive(pid):
         if time.monotonic() > deadline:
-            print(f"Ferry (pid {pid}) did not stop within {STOP_SECONDS:g} s.", file=sys.stderr)
+            print(f"Ferry ({which}) did not stop within {STOP_SECONDS:g} s.", file=sys.stderr)
             return 1
         time.sleep(POLL_SECONDS)  # another session's process: no handle to wait on
-    pid_file.unlink(missing_ok=True)
-    print(f"Ferry stopped (pid {pid}).")
+    _forget(pid_file)
+    print(f"Ferry stopped ({which}).")
     return 0
+
+
+def stop_by_address(inference: Address, told: bool) -> int:
+    """``--stop`` without ``--pid-file``: the server whose inference address is
+    ``inference`` (its default pid file); else, when ``told`` is False (no flag or config
+    file named an address), the only server running. Several running and none named:
+    they are listed, none is stopped, exit 1."""
+    wanted = default_pid_file(inference)
+    if running_pid(wanted) is not None:
+        return stop(wanted)
+    running = running_servers()
+    if not told and len(running) == 1:
+        return stop(running[0][0])
+    if told or not running:
+        _forget(wanted)
+        at = f" at {inference.url()}" if running else ""
+        print(f"Ferry is not currently running{at}.")
+        _list_servers(running, "other Ferry servers running:")
+        return 0
+    _list_servers(
+        running,
+        "Several Ferry servers are running; none stopped. Name one with the flags or "
+        "--ts-config it was started with, or its --pid-file:",
+    )
+    return 1
+
+
+def running_servers() -> list[tuple[Path, int]]:
+    """This user's servers started with a default pid file and still running: each pid
+    file and its pid."""
+    found = [(path, running_pid(path)) for path in sorted(pid_folder().glob("*.pid"))]
+    return [(path, pid) for path, pid in found if pid is not None]
+
+
+def describe(pid_file: Path, pid: int) -> str:
+    """``pid N, inference URL, management URL, ...`` (the addresses once it was ready)."""
+    try:
+        bound = json.loads(addresses_file(pid_file).read_text())
+        addresses = [f"{api} {url}" for api, url in bound.items()]
+    except (OSError, ValueError, AttributeError):  # still starting, or started elsewise
+        addresses = []
+    return ", ".join([f"pid {pid}", *addresses])
+
+
+def _list_servers(running: list[tuple[Path, int]], heading: str) -> None:
+    if running:
+        print(heading, file=sys.stderr)
+    for pid_file, pid in running:
+        print(f"  {describe(pid_file, pid)} (pid file {pid_file})", file=sys.stderr)
+
+
+def _forget(pid_file: Path) -> None:
+    pid_file.unlink(missing_ok=True)
+    addresses_file(pid_file).unlink(missing_ok=True)
 
 
 def running_pid(pid_file: Path) -> int | None:

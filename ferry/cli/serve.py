@@ -70,7 +70,12 @@ def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
         help="run in the background: return once models are loaded, logs in log_location "
         "(default ./logs), pid in --pid-file",
     )
-    mode.add_argument("--stop", action="store_true", help="stop the server --pid-file names")
+    mode.add_argument(
+        "--stop",
+        action="store_true",
+        help="stop the server --pid-file names, else the one at the inference address these "
+        "flags and config give (with neither: the only one running)",
+    )
     parser.add_argument(
         "--foreground",
         action="store_true",
@@ -79,7 +84,8 @@ def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pid-file",
         type=Path,
-        help="pid file of --start / --stop (default $TMPDIR/ferry-UID/ferry.pid)",
+        help="pid file of --start / --stop (default $TMPDIR/ferry-UID/ferry-HOST-PORT.pid, "
+        "after the inference address)",
     )
     parser.add_argument(
         "--log-config",
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.stop:
-            return daemon.stop(args.pid_file or daemon.default_pid_file())
+            return _stop(args)
         if args.start and not args.foreground:
             return _start(args)
         return _serve(args)
@@ -170,14 +176,28 @@ def _serve(args: argparse.Namespace) -> int:
     return _run_loop(run_server(settings))
 
 
+def _stop(args: argparse.Namespace) -> int:
+    """``--stop``: the server ``--pid-file`` names, else the one at the inference address
+    these flags and config file give (``ferry.cli.daemon.stop_by_address``)."""
+    if args.pid_file is not None:
+        return daemon.stop(args.pid_file)
+    inference = settings_from_args(args).inference_address
+    told = (
+        config_file_from_args(args) is not None
+        or "inference_address" in flags_from_args(args)
+        or inference != ServerSettings().inference_address
+    )
+    return daemon.stop_by_address(inference, told)
+
+
 def _start(args: argparse.Namespace) -> int:
     """Check the settings here, then hand the same ones to a background ``ferry serve``."""
     settings = settings_from_args(args)
     if settings.model_store is not None and not settings.model_store.is_dir():
         raise ConfigError(f"model store {settings.model_store} is not a folder")
-    pid_file = (args.pid_file or daemon.default_pid_file()).absolute()
+    pid_file = (args.pid_file or daemon.default_pid_file(settings.inference_address)).absolute()
     log_location = (settings.log_location or Path("logs")).absolute()
-    ready_file = settings.ready_file or pid_file.with_name(pid_file.name + ".ready")
+    ready_file = settings.ready_file or daemon.addresses_file(pid_file)
     child_args = [f"--log-location={log_location}", f"--ready-file={ready_file}"]
     if args.ts_config is not None:
         child_args.append(f"--ts-config={args.ts_config}")

@@ -104,7 +104,7 @@ def test_start_serves_in_the_background_until_stop(
 
         stopped = run_ferry("serve", "--stop", "--pid-file", str(pid_file))
         assert stopped.returncode == 0, stopped.stderr
-        assert stopped.stdout.strip() == f"Ferry stopped (pid {pid})."
+        assert stopped.stdout.startswith(f"Ferry stopped (pid {pid}, inference {urls['inference']}")
     assert not is_running(pid)
     wait_until("the workers to go", lambda: not any(is_running(w) for w in workers))
     assert not pid_file.exists()
@@ -112,6 +112,65 @@ def test_start_serves_in_the_background_until_stop(
     shutdown = latest_snapshot(logs / "config")
     assert shutdown is not None and shutdown.name.endswith("-shutdown.cfg")
     assert read_properties(shutdown)["load_models"] == "echo=echo.mar"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_servers_are_told_apart_by_their_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47, item 8: one default pid file per user account, so ``--stop`` anywhere
+    stopped whichever ``--start`` server ran. Now each server has its own, after its
+    inference address; ``--stop`` stops the one its flags name and says which."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # this test's own pid folder
+    monkeypatch.chdir(tmp_path)
+    store = echo_store(tmp_path)
+    folder = tmp_path / f"ferry-{os.getuid()}"
+    ports = {"a": _free_port(), "b": _free_port()}
+    inference = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    pid_files = {name: folder / f"ferry-127.0.0.1-{port}.pid" for name, port in ports.items()}
+    with _stopped_at_end(pid_files["a"]), _stopped_at_end(pid_files["b"]):
+        for name in ports:
+            logs = str(tmp_path / f"logs-{name}")
+            start = serve_args(
+                store, "--disable-token-auth", "--log-location", logs, "--start",
+                inference=inference[name],
+            )  # fmt: skip
+            started = run_ferry(*start)
+            assert started.returncode == 0, started.stderr
+        pids = {name: int(pid_file.read_text()) for name, pid_file in pid_files.items()}
+        assert all(is_running(pid) for pid in pids.values())
+
+        unnamed = run_ferry("serve", "--stop")  # two run, and nothing says which
+        assert unnamed.returncode == 1, unnamed.stderr
+        assert "Several Ferry servers are running; none stopped." in unnamed.stderr
+        for name, pid in pids.items():
+            assert f"pid {pid}, inference {inference[name]}, management http" in unnamed.stderr
+            assert is_running(pid)
+
+        named = run_ferry("serve", "--stop", "--inference-address", inference["b"])
+        assert named.returncode == 0, named.stderr
+        assert named.stdout.startswith(
+            f"Ferry stopped (pid {pids['b']}, inference {inference['b']}"
+        )
+        assert not is_running(pids["b"]) and is_running(pids["a"])
+        assert not pid_files["b"].exists()
+
+        again = run_ferry("serve", "--stop", "--inference-address", inference["b"])
+        assert again.returncode == 0
+        assert again.stdout == f"Ferry is not currently running at {inference['b']}.\n"
+        assert f"pid {pids['a']}, inference {inference['a']}" in again.stderr
+        assert is_running(pids["a"])
+
+        only = run_ferry("serve", "--stop")  # the only one left: stopped, and named
+        assert only.returncode == 0, only.stderr
+        assert only.stdout.startswith(f"Ferry stopped (pid {pids['a']}, inference {inference['a']}")
+        assert not is_running(pids["a"])
+    assert not list(folder.iterdir())
 
 
 def test_stop_with_nothing_running_says_so_and_succeeds(tmp_path: Path) -> None:
