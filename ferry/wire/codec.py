@@ -19,6 +19,7 @@ from ferry.wire.messages import (
     PartialResult,
     PredictBatch,
     RequestItem,
+    SpecTaken,
     StageWindow,
     StartWorker,
     WorkerLoadFailed,
@@ -28,7 +29,7 @@ from ferry.wire.messages import (
 FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
-_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL, _CANCEL = 1, 2, 3, 4, 5, 6, 7
+_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL, _CANCEL, _TAKEN = 1, 2, 3, 4, 5, 6, 7, 8
 
 
 class ProtocolError(Exception):
@@ -65,6 +66,8 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
         return _READY, [message.pid, message.device, message.footprint_bytes, message.gpu_bytes]
     if isinstance(message, StartWorker):
         return _START, [message.spec]
+    if isinstance(message, SpecTaken):
+        return _TAKEN, [message.pid]
     return _LOAD_FAILED, [message.message]
 
 
@@ -138,6 +141,7 @@ _BUILDERS: dict[int, Callable[[list[Any]], Message]] = {
     _READY: lambda fields: WorkerReady(*fields),
     _LOAD_FAILED: lambda fields: WorkerLoadFailed(*fields),
     _START: _start_worker,
+    _TAKEN: lambda fields: SpecTaken(*fields),
 }
 """Each message kind's fields back into its message (``TypeError`` / ``ValueError`` when
 they do not fit)."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
 5: each ``RequestItem`` carries the request envelope its protocol is read with.
-6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows."""
+6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows.
+7: a spare process answers its spec with ``SpecTaken`` before it loads the model."""
 
 
 DEVICE_FAILED_EXIT = 70
@@ -148,6 +149,15 @@ class WorkerLoadFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class SpecTaken:
+    """A spare process's answer to its spec, before it loads the model: it is alive and
+    reading (``ferry.worker_handles.spares``: one that does not answer promptly is
+    replaced)."""
+
+    pid: int
+
+
 Message = (
     PredictBatch
     | BatchResult
@@ -156,4 +166,5 @@ Message = (
     | StartWorker
     | WorkerReady
     | WorkerLoadFailed
+    | SpecTaken
 )

@@ -24,6 +24,7 @@ from ferry.wire.messages import (
     BatchResult,
     Message,
     PredictBatch,
+    SpecTaken,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = read_spec(inbox)
         if spec is None:
             return 1
+        if args.preload_compiler:  # alive and reading: the frontend bounds its wait for this
+            FrameSender(sock)(SpecTaken(os.getpid()))
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
         # Threads pinned, by Ferry or by the user's own OpenMP binding, stay where they are.
         leave_threads = forget_pinning() is not None or user_pins_threads(os.environ)

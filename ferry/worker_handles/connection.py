@@ -13,12 +13,17 @@ from ferry.wire.messages import (
     Message,
     PartialResult,
     PredictBatch,
+    SpecTaken,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
 )
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerStartFailed
+
+
+class SpareUnresponsive(Exception):
+    """A spare process did not answer its spec in time (stopped, hung, or overloaded)."""
 
 
 class WorkerConnection:
@@ -37,9 +42,14 @@ class WorkerConnection:
         self.batches_held = 0
         """Batches sent and not yet answered: a worker killed holding some takes them along."""
 
-    async def _handshake(self, spec: WorkerSpec) -> None:
+    async def _handshake(self, spec: WorkerSpec, taken_within: float | None = None) -> None:
+        """Send the spec and wait until the handler has loaded. ``taken_within``: a spare
+        process must answer the spec (``SpecTaken``) within that many seconds, else
+        ``SpareUnresponsive``."""
         self._writer.write(codec.encode(StartWorker(spec.to_dict())))
         await self._writer.drain()
+        if taken_within is not None:
+            await self._spec_taken(taken_within)
         message = await self._receive()
         if isinstance(message, WorkerLoadFailed):
             raise WorkerStartFailed(StartFailure.LOAD_ERROR, message.message)
@@ -47,6 +57,14 @@ class WorkerConnection:
             raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
         self.device = message.device
         self.footprint_bytes, self.gpu_bytes = message.footprint_bytes, message.gpu_bytes
+
+    async def _spec_taken(self, within: float) -> None:
+        try:
+            message = await asyncio.wait_for(self._receive(), within)
+        except TimeoutError:
+            raise SpareUnresponsive(f"no answer to its spec within {within:.0f} s") from None
+        if not isinstance(message, SpecTaken):
+            raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
 
     async def _receive(self) -> Message:
         try:

@@ -20,13 +20,14 @@ from ferry.wire.environment import (
 )
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.connection import (
+    SpareUnresponsive,
     WorkerConnection,
     raise_start_failure,
 )
 from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
 from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
-from ferry.worker_handles.spares import Spare, SpareProcesses
+from ferry.worker_handles.spares import SPARE_TAKES_WITHIN, Spare, SpareProcesses
 
 log = logging.getLogger("ferry.worker")
 
@@ -83,7 +84,7 @@ class WorkerProcess(WorkerConnection):
             raise
         if spares is not None and spared:
             spares.replenish(spec.gpu_id)
-        if spare is not None:
+        if spare is not None and worker.pid == spare.process.pid:
             log.info(
                 "%s worker pid %s started in a spare process (torch's compiler imported)",
                 spec.model_name,
@@ -107,14 +108,37 @@ class WorkerProcess(WorkerConnection):
     ) -> WorkerProcess:
         if spare is not None:
             await spare.hand_over()
-            process, parent_sock = spare.process, spare.parent_sock
-        else:
-            process, parent_sock = await _spawned(env)
+            try:
+                return await cls._connect(
+                    spec, startup_timeout, spare.process, spare.parent_sock, SPARE_TAKES_WITHIN
+                )
+            except SpareUnresponsive as exc:
+                log.warning(
+                    "%s worker %s: spare process pid %s did not take its work (%s); killed, "
+                    "and the worker started in a new process",
+                    spec.model_name,
+                    spec.worker_id,
+                    spare.process.pid,
+                    exc,
+                )
+        process, parent_sock = await _spawned(env)
+        return await cls._connect(spec, startup_timeout, process, parent_sock, None)
+
+    @classmethod
+    async def _connect(
+        cls,
+        spec: WorkerSpec,
+        startup_timeout: float,
+        process: asyncio.subprocess.Process,
+        parent_sock: socket.socket,
+        taken_within: float | None,
+    ) -> WorkerProcess:
+        """The worker once its handler has loaded; the process is killed if it fails."""
         worker: WorkerProcess | None = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
             worker = cls(spec, process, reader, writer)
-            await asyncio.wait_for(worker._handshake(spec), startup_timeout)
+            await asyncio.wait_for(worker._handshake(spec, taken_within), startup_timeout)
         except BaseException as exc:
             if worker is not None:
                 worker.kill()
@@ -122,6 +146,8 @@ class WorkerProcess(WorkerConnection):
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 parent_sock.close()
+            if isinstance(exc, SpareUnresponsive):
+                raise
             raise_start_failure(exc)
         return worker
 

@@ -10,6 +10,12 @@ spec on its socket like any new worker. The next worker of a compiling model on 
 the CPU) starts in it, and another spare is started once that worker is ready (not
 before: on a small machine it would compete with the load).
 
+A spare answers the spec it is handed (``SpecTaken``) before it loads the model. One that
+does not within ``SPARE_TAKES_WITHIN`` seconds (stopped, hung, or still importing on a
+machine far too busy) is killed and the worker starts in a new process instead: a worker
+never waits on a stuck spare for its whole ``startupTimeout``. A spare that dies before a
+worker takes it is logged, with its exit status.
+
 A spare holds no model: its environment is a worker's before it knows its model (only
 the GPU it is bound to matters), which is why it can serve any of them. Workers Ferry
 pins to cores (``cpu_pinning``) are started with their cores in their environment, so
@@ -28,6 +34,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger("ferry.workers")
 
+SPARE_TAKES_WITHIN = 10.0
+"""Seconds a spare has to answer its spec. Importing torch's compiler takes about 1.6 s
+on 2 cores and a spare is handed work once it has started: a new process takes ~10 s to
+be ready, so a spare slower than that is no spare."""
+
 
 @dataclass
 class Spare:
@@ -37,6 +48,8 @@ class Spare:
     process: asyncio.subprocess.Process
     parent_sock: socket.socket
     relay: asyncio.Task[None] | None = None
+    taken: bool = False
+    """A worker took it over, or the server discarded it: its exit is not a spare's death."""
 
     async def hand_over(self) -> None:
         """Stop relaying its output: the worker it becomes relays it under its own name."""
@@ -47,6 +60,7 @@ class Spare:
             self.relay = None
 
     def discard(self) -> None:
+        self.taken = True
         if self.relay is not None:
             self.relay.cancel()
         with contextlib.suppress(ProcessLookupError):
@@ -76,9 +90,10 @@ class SpareProcesses:
         if task.exception() is not None:
             return None
         spare = task.result()
-        if spare.process.returncode is not None:  # it died waiting
+        if spare.process.returncode is not None:  # it died waiting (logged as it died)
             spare.discard()
             return None
+        spare.taken = True
         return spare
 
     def replenish(self, gpu_id: int | None) -> None:
@@ -88,10 +103,24 @@ class SpareProcesses:
 
     async def _started(self, gpu_id: int | None) -> Spare:
         try:
-            return await self._spawn(gpu_id)
+            spare = await self._spawn(gpu_id)
         except Exception as error:  # no spare: workers start as they would without one
             log.warning("no spare worker process for compiled models: %s", error)
             raise
+        watch = asyncio.ensure_future(spare.process.wait())
+        watch.add_done_callback(lambda _: self._exited(spare, gpu_id))
+        return spare
+
+    def _exited(self, spare: Spare, gpu_id: int | None) -> None:
+        if spare.taken or self._closed:
+            return
+        log.warning(
+            "spare worker process pid %s (%s) exited with status %s before a worker took "
+            "it; the next worker of a compiled model starts in a new process",
+            spare.process.pid,
+            "CPU" if gpu_id is None else f"GPU {gpu_id}",
+            spare.process.returncode,
+        )
 
     async def close(self) -> None:
         """Stop every spare (a server's shutdown)."""

@@ -348,25 +348,9 @@ def test_a_restarted_worker_of_a_compiled_model_starts_in_the_spare_process(
     the compiled graphs, compiles nothing, and answers."""
 
     def spares() -> list[int]:
-        """Processes started as spares that no worker has taken over (a taken one keeps
-        its command line: ``scaled``'s second worker may be one)."""
-        with server.management() as management:
-            workers = {
-                worker["pid"]
-                for model in ("cached", "scaled")
-                for worker in management.get(f"/models/{model}").json()[0]["workers"]
-            }
-        started = _children_with(server.process.pid, "--preload-compiler")
-        return [pid for pid in started if pid not in workers]
+        return _spares(server)
 
-    wait_until("a spare process", lambda: len(spares()) == 1)
-    (spare,) = spares()
-
-    def ready() -> bool:
-        lines = server.log().splitlines()
-        return any(f"[spare pid {spare}]" in line and SPARE_READY in line for line in lines)
-
-    wait_until("the spare to import torch's compiler", ready)
+    spare = _ready_spare(server)
     with server.management() as management:
         workers = management.get("/models/cached").json()[0]["workers"]
     victim = workers[0]["pid"]
@@ -389,6 +373,68 @@ def test_a_restarted_worker_of_a_compiled_model_starts_in_the_spare_process(
     with server.client() as client:
         answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
         assert answer.status_code == 200, answer.text
+
+
+def _spares(server: RunningServer) -> list[int]:
+    """Processes started as spares that no worker has taken over (a taken one keeps its
+    command line: ``scaled``'s second worker may be one)."""
+    with server.management() as management:
+        workers = {
+            worker["pid"]
+            for model in ("cached", "scaled")
+            for worker in management.get(f"/models/{model}").json()[0]["workers"]
+        }
+    started = _children_with(server.process.pid, "--preload-compiler")
+    return [pid for pid in started if pid not in workers]
+
+
+def _ready_spare(server: RunningServer) -> int:
+    """The spare process, once it has imported torch's compiler."""
+    wait_until("a spare process", lambda: len(_spares(server)) == 1)
+    (spare,) = _spares(server)
+
+    def ready() -> bool:
+        lines = server.log().splitlines()
+        return any(f"[spare pid {spare}]" in line and SPARE_READY in line for line in lines)
+
+    wait_until("the spare to import torch's compiler", ready)
+    return spare
+
+
+def test_a_stopped_spare_is_passed_over_and_the_worker_starts_in_a_new_process(
+    server: RunningServer,
+) -> None:
+    """Issue 47: a spare stopped (SIGSTOP, standing in for a hang) was handed a killed
+    worker's replacement, and the model had no worker until ``startupTimeout`` (600 s
+    here). A spare that does not take its work within ``SPARE_TAKES_WITHIN`` is killed and
+    the worker starts in a new process."""
+    spare = _ready_spare(server)
+    os.kill(spare, signal.SIGSTOP)
+    with server.management() as management:
+        victim = management.get("/models/cached").json()[0]["workers"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    passed_over = f"spare process pid {spare} did not take its work"
+    wait_until("the stopped spare to be passed over", lambda: passed_over in server.log())
+
+    def both_ready() -> bool:
+        with server.management() as management:
+            workers = management.get("/models/cached").json()[0]["workers"]
+        pids = {worker["pid"] for worker in workers}
+        ready = all(worker["status"] == "READY" for worker in workers)
+        return len(workers) == 2 and ready and victim not in pids and spare not in pids
+
+    wait_until("cached's replacement worker, in a new process", both_ready)
+    assert not Path(f"/proc/{spare}/cmdline").exists() or _zombie(spare)  # killed
+    with server.client() as client:
+        answer = client.post("/predictions/cached", json=[1.0, 2.0, 3.0])
+        assert answer.status_code == 200, answer.text
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _children_with(parent: int, argument: str) -> list[int]:

@@ -14,6 +14,7 @@ from ferry.wire.messages import (
     PartialResult,
     PredictBatch,
     RequestItem,
+    SpecTaken,
     StageWindow,
     StartWorker,
     WorkerLoadFailed,
@@ -46,6 +47,7 @@ MESSAGES = [
     CancelRequests(7, ["r1", "r2"]),
     WorkerReady(1234, "cpu"),
     WorkerLoadFailed("boom"),
+    SpecTaken(4321),
     StartWorker({"model_name": "m", "model_yaml_config": {"k": [1, 2.5, None]}}),
 ]
 

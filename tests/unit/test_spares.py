@@ -23,15 +23,25 @@ BOUND = 30
 
 
 class FakeProcess:
+    """A process that exits when killed or when the test calls ``exit``."""
+
+    pid = 4242
+
     def __init__(self) -> None:
         self.returncode: int | None = None
         self.killed = False
+        self._exited = asyncio.Event()
 
     def kill(self) -> None:
         self.killed = True
-        self.returncode = -9
+        self.exit(-9)
+
+    def exit(self, status: int) -> None:
+        self.returncode = status
+        self._exited.set()
 
     async def wait(self) -> int:
+        await self._exited.wait()
         assert self.returncode is not None
         return self.returncode
 
@@ -105,11 +115,38 @@ def test_a_spare_that_died_waiting_is_discarded_not_used() -> None:
         spares.replenish(None)
         await _settled()
         ((_, spare),) = spawner.spawned
-        spare.process.returncode = 1  # type: ignore[misc]
+        spare.process.exit(1)  # type: ignore[attr-defined]
         assert spares.take(None) is None
         assert spare.parent_sock.fileno() == -1  # closed
 
     asyncio.run(asyncio.wait_for(scenario(), BOUND))
+
+
+def test_a_spare_that_dies_before_it_is_taken_is_logged_and_a_taken_one_is_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 47: a spare's death was silent."""
+
+    async def scenario() -> None:
+        spawner = Spawner()
+        spares = SpareProcesses(spawner)
+        spares.replenish(None)
+        spares.replenish(0)
+        await _settled()
+        (_, idle), (_, taken) = spawner.spawned
+        assert spares.take(0) is taken
+        idle.process.exit(-9)  # type: ignore[attr-defined]
+        taken.process.exit(0)  # type: ignore[attr-defined]  # a worker's exit, not a spare's
+        await _settled()
+        spawner.discard_all()
+
+    with caplog.at_level("WARNING", logger="ferry.workers"):
+        asyncio.run(asyncio.wait_for(scenario(), BOUND))
+    deaths = [r.getMessage() for r in caplog.records if "before a worker took it" in r.getMessage()]
+    assert deaths == [
+        "spare worker process pid 4242 (CPU) exited with status -9 before a worker took it; "
+        "the next worker of a compiled model starts in a new process"
+    ]
 
 
 def test_a_spare_that_could_not_start_is_not_used() -> None:
