@@ -18,6 +18,15 @@ state. So, as TorchServe's ``SequenceBatching``:
   id starts a new sequence: the server names it ``ts-seq-<uuid>`` and tells the handler
   with ``ts_request_sequence_start: true``.
 
+Slots are shared fairly: at ``maxNumSequence``, a new sequence takes the slot of an idle
+one rather than be refused. First one the server named for a request without an id and
+that no request continued (an id-less request holds no slot past its answer when another
+client needs it), then the one idle longest, if idle ``eviction_grace`` at least (so a
+client between an answer and its next request keeps its sequence). A client that keeps
+every sequence busy is load, and a new sequence is refused (503) as before. The next
+request of a sequence ended that way is answered ``SequenceEnded``, saying why, and the
+one after starts afresh: never a silent restart on missing state.
+
 Where TorchServe leaves a request of an ended sequence waiting forever, Ferry answers it
 ``SequenceEnded``. A sequence lives with its worker's state: when the worker goes (dies,
 is recycled, is scaled away), the sequence ends, its in-flight request answered with the
@@ -33,9 +42,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -47,6 +57,10 @@ from ferry.handlers.contract.context import (
 )
 from ferry.scheduling.jobs import Job
 from ferry.scheduling.waiting import wake_or_time_out
+
+log = logging.getLogger("ferry.scheduling")
+
+EVICTED_REMEMBERED = 4096
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,10 @@ class Sequence:
     """Its request a worker has now; the next waits until this one is answered."""
     last: Job | None = None
     """The request its client marked as the last; the sequence ends when it is answered."""
+    minted: bool = False
+    """The server named it, for a request without an id."""
+    requests: int = 0
+    """Requests it has taken in (a minted one with 1 was never continued)."""
 
     def idle(self) -> bool:
         """Nothing running and nothing wanted waiting (a request whose client went away
@@ -142,6 +160,9 @@ class SequenceBook:
         self._lanes: set[int] = set()
         self._lane_ids = itertools.count(1)
         self._waiters: list[asyncio.Future[None]] = []
+        self._evicted: OrderedDict[str, str] = OrderedDict()
+        """Sequences ended to make room, and why: their next request is told so (a few
+        thousand remembered; older ones simply start afresh)."""
         self._watched: set[int] = set()
         """The jobs whose answer ``_answered`` is told (by identity: a job taken twice,
         put back between, is watched once)."""
@@ -167,12 +188,16 @@ class SequenceBook:
         now = self._clock()
         sequence = self._sequences.get(sequence_id)
         if sequence is None:
-            if len(self._sequences) >= self.settings.max_sequences:
+            why = self._evicted.pop(sequence_id, None)
+            if why is not None:
+                raise SequenceEnded(f"sequence {sequence_id} {why}; send again to start it anew")
+            if len(self._sequences) >= self.settings.max_sequences and not self._make_room(now):
                 raise Overloaded(
-                    f"{len(self._sequences)} sequences are open, the most this model holds "
-                    "(maxNumSequence); end one or retry later"
+                    f"{len(self._sequences)} sequences are open and busy, the most this model "
+                    "holds (maxNumSequence); end one or retry later"
                 )
-            sequence = Sequence(sequence_id, now, now)
+            minted = job.item.headers.get(SEQUENCE_START_HEADER, "") == "true"
+            sequence = Sequence(sequence_id, now, now, minted=minted)
             self._sequences[sequence_id] = sequence
         elif sequence.last is not None:
             raise SequenceEnded(
@@ -186,10 +211,38 @@ class SequenceBook:
             )
         job.sequence_id = sequence_id
         sequence.waiting.append(job)
+        sequence.requests += 1
         sequence.active_at = now
         if last:
             sequence.last = job
         self._wake_all()
+
+    @property
+    def eviction_grace(self) -> float:
+        """Seconds a sequence its client named (or continued) must have been idle before
+        a new sequence may take its slot: half its idle limit, at most a second."""
+        return min(1.0, self.settings.max_idle / 2)
+
+    def _make_room(self, now: float) -> bool:
+        """End the idle sequence a new one may replace (the class docstring); whether
+        there was one."""
+        idle = [s for s in self._sequences.values() if s.idle() and s.last is None]
+        unclaimed = [s for s in idle if s.minted and s.requests == 1]
+        settled = [s for s in idle if now - s.active_at >= self.eviction_grace]
+        victims = unclaimed or settled
+        if not victims:
+            return False
+        victim = min(victims, key=lambda s: s.active_at)
+        why = (
+            f"was ended to make room for a new sequence after {now - victim.active_at:.1f} s "
+            f"idle ({self.settings.max_sequences} sequences open, maxNumSequence)"
+        )
+        self._end(victim.sequence_id, why)
+        self._evicted[victim.sequence_id] = why
+        while len(self._evicted) > EVICTED_REMEMBERED:
+            self._evicted.popitem(last=False)
+        log.info("sequence %s %s", victim.sequence_id, why)
+        return True
 
     def put_front(self, jobs: Iterable[Job]) -> None:
         """Jobs a lane took but no worker ran go back to the front of their sequences."""
@@ -387,6 +440,33 @@ class SequenceLane:
 
     async def take_batch(self) -> list[Job]:
         return await self.book.wait_for_batch(self.lane_id)
+
+    @property
+    def eviction_grace(self) -> float:
+        """Seconds a sequence its client named (or continued) must have been idle before
+        a new sequence may take its slot: half its idle limit, at most a second."""
+        return min(1.0, self.settings.max_idle / 2)
+
+    def _make_room(self, now: float) -> bool:
+        """End the idle sequence a new one may replace (the class docstring); whether
+        there was one."""
+        idle = [s for s in self._sequences.values() if s.idle() and s.last is None]
+        unclaimed = [s for s in idle if s.minted and s.requests == 1]
+        settled = [s for s in idle if now - s.active_at >= self.eviction_grace]
+        victims = unclaimed or settled
+        if not victims:
+            return False
+        victim = min(victims, key=lambda s: s.active_at)
+        why = (
+            f"was ended to make room for a new sequence after {now - victim.active_at:.1f} s "
+            f"idle ({self.settings.max_sequences} sequences open, maxNumSequence)"
+        )
+        self._end(victim.sequence_id, why)
+        self._evicted[victim.sequence_id] = why
+        while len(self._evicted) > EVICTED_REMEMBERED:
+            self._evicted.popitem(last=False)
+        log.info("sequence %s %s", victim.sequence_id, why)
+        return True
 
     def put_front(self, jobs: Iterable[Job]) -> None:
         self.book.put_front(jobs)

@@ -30,7 +30,8 @@ TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """``stateful``: TorchServe's example settings (2 workers, batches of 4);
-    ``narrow``: one worker, room for two sequences of one waiting request each."""
+    ``narrow``: one worker, room for two sequences of one waiting request each; ``fair``:
+    the same, for the test of who gets a slot."""
     tmp = tmp_path_factory.mktemp("stateful")
     store = tmp / "store"
     store.mkdir()
@@ -39,6 +40,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "narrow="
         + stateful_archive(
             store, "narrow", minWorkers=1, maxWorkers=1, batchSize=1, maxNumSequence=2
+        ),
+        "fair="
+        + stateful_archive(
+            store, "fair", minWorkers=1, maxWorkers=1, batchSize=1, maxNumSequence=2
         ),
     ]
     with ferry_server(store, models, tmp) as running:
@@ -162,6 +167,25 @@ def test_a_sequence_whose_worker_died_starts_again(server: RunningServer) -> Non
         assert after.text == "1"  # from nothing, not 11 from a total it no longer has
         assert after.headers["x-worker-pid"] != first.headers["x-worker-pid"]
         assert _add(client, 1, "survivor").text == "2"
+
+
+def test_requests_without_an_id_give_their_slots_to_a_new_sequence(
+    server: RunningServer,
+) -> None:
+    """Issue 47: each request without a sequence id held one of ``maxNumSequence`` slots
+    for ``sequenceMaxIdleMSec`` (5 s here), refusing every other client's new sequence.
+    Answered and never continued, it gives its slot to the next new sequence."""
+    with server.client() as client:
+        one_shots = [_add(client, n, None, "fair") for n in (5, 6)]
+        assert [r.text for r in one_shots] == ["5", "6"]
+        assert _open_sequences(server, "fair") == 2
+        named = _add(client, 1, "named", "fair")
+        assert named.status_code == 200, named.text
+        assert _add(client, 2, "named", "fair").text == "3"
+        # The one-shot whose slot went is told, once, then starts afresh.
+        gone = one_shots[0].headers[SEQUENCE]
+        told = _add(client, 1, gone, "fair")
+        assert told.status_code == 409 and "to make room" in told.json()["message"], told.text
 
 
 def _serving(server: RunningServer, model: str, without: int) -> bool:

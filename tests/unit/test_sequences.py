@@ -913,3 +913,60 @@ def test_a_take_cancelled_as_a_request_wakes_it_takes_nothing_then_or_later() ->
         assert book.take(live.lane_id) == [again]
 
     run(scenario)
+
+
+def _minted_job(name: str) -> Job:
+    """A request that came without an id: the server named its sequence."""
+    job = make_job(name)
+    job.item.headers[SEQUENCE_START_HEADER] = "true"
+    return job
+
+
+def test_an_unclaimed_server_named_sequence_gives_its_slot_to_a_new_one() -> None:
+    """Issue 47: each request without an id held a slot for ``sequenceMaxIdleMSec``. Once
+    answered, and never continued, it is the first to make room."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        book = make_book(clock, max_sequences=2)
+        lane = book.lane()
+        named, unclaimed = make_job("named"), _minted_job("unclaimed")
+        book.add(named, "named")
+        book.add(unclaimed, "ts-seq-1")
+        for job in book.take(lane.lane_id):
+            answer(job)
+        await settle()
+        clock.now += 0.01  # both idle a moment: within the grace
+        book.add(make_job("new"), "new")  # takes the unclaimed one's slot
+        assert book.open_sequences == 2
+        with pytest.raises(SequenceEnded, match="ended to make room for a new sequence"):
+            book.add(make_job("late"), "ts-seq-1")  # its client is told, once
+        with pytest.raises(Overloaded, match="open and busy"):
+            book.add(make_job("again"), "ts-seq-1")  # "named" is within its grace
+
+    run(scenario)
+
+
+def test_past_its_grace_the_longest_idle_sequence_gives_way_and_a_busy_one_never() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        book = make_book(clock, max_sequences=2, max_idle=10.0)
+        lane = book.lane()
+        book.add(make_job(), "old")
+        book.add(make_job(), "busy")
+        old, busy = book.take(lane.lane_id)
+        answer(old)
+        await settle()
+        clock.now += book.eviction_grace - 0.001
+        with pytest.raises(Overloaded):
+            book.add(make_job(), "new")  # "old" idle, but within its grace
+        clock.now += 0.001
+        book.add(make_job(), "new")  # "old" gives way; "busy" runs, it never would
+        assert book.open_sequences == 2 and not busy.future.done()
+        with pytest.raises(SequenceEnded, match=r"after 1\.0 s idle"):
+            book.add(make_job(), "old")
+        clock.now += 100.0  # "busy" running, "new" waiting: never evicted, however long
+        with pytest.raises(Overloaded):
+            book.add(make_job(), "newest")
+
+    run(scenario)
