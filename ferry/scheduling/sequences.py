@@ -441,33 +441,6 @@ class SequenceLane:
     async def take_batch(self) -> list[Job]:
         return await self.book.wait_for_batch(self.lane_id)
 
-    @property
-    def eviction_grace(self) -> float:
-        """Seconds a sequence its client named (or continued) must have been idle before
-        a new sequence may take its slot: half its idle limit, at most a second."""
-        return min(1.0, self.settings.max_idle / 2)
-
-    def _make_room(self, now: float) -> bool:
-        """End the idle sequence a new one may replace (the class docstring); whether
-        there was one."""
-        idle = [s for s in self._sequences.values() if s.idle() and s.last is None]
-        unclaimed = [s for s in idle if s.minted and s.requests == 1]
-        settled = [s for s in idle if now - s.active_at >= self.eviction_grace]
-        victims = unclaimed or settled
-        if not victims:
-            return False
-        victim = min(victims, key=lambda s: s.active_at)
-        why = (
-            f"was ended to make room for a new sequence after {now - victim.active_at:.1f} s "
-            f"idle ({self.settings.max_sequences} sequences open, maxNumSequence)"
-        )
-        self._end(victim.sequence_id, why)
-        self._evicted[victim.sequence_id] = why
-        while len(self._evicted) > EVICTED_REMEMBERED:
-            self._evicted.popitem(last=False)
-        log.info("sequence %s %s", victim.sequence_id, why)
-        return True
-
     def put_front(self, jobs: Iterable[Job]) -> None:
         self.book.put_front(jobs)
 
