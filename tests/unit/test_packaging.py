@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry import __version__
 from ferry.cli.bench import BENCH_EXTRA_MODULES, needing_bench_extra
 from ferry.cli.main import main
 
@@ -272,3 +273,16 @@ def test_everything_but_bench_imports_without_the_extra() -> None:
         "ferry bench load: needs the 'bench' extra: pip install 'ferry-serve[bench]' "
         "(missing module aiohttp)"
     ]
+
+
+def test_the_version_is_declared_once_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The distribution's version is ``ferry.__version__`` (read by the build), which
+    ``ferry --version`` prints."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"]
+    assert "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ferry.__version__"}
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"ferry {__version__}\n"
