@@ -115,7 +115,7 @@ class OpenInference(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Context
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._service.health().ok)
+        return pb.ServerReadyResponse(ready=self._service.ready())
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Context

@@ -126,8 +126,8 @@ class _OpenInferenceV2:
         return _json({"live": True})
 
     async def ready(self, request: Request) -> Response:
-        healthy = self.service.health().ok
-        return _json({"ready": healthy}, 200 if healthy else 503)
+        ready = self.service.ready()
+        return _json({"ready": ready}, 200 if ready else 503)
 
     async def model_metadata(self, request: Request) -> Response:
         metadata = self.service.metadata(request.path_params["model"], _version(request))

@@ -204,6 +204,20 @@ class FerryService:
             return Health("Healthy")
         return Health("Partial Healthy" if running > 0 else "Unhealthy")
 
+    def ready(self) -> bool:
+        """The Open Inference Protocol's server readiness (``/v2/health/ready``,
+        ``ServerReady``): start-up is over and every model loaded at start-up can take
+        requests (a worker of each is up), as KServe's "all the models are ready". Unlike
+        ``/ping``'s Partial Healthy, a start-up model still loading means not ready; one
+        worker of several restarting does not. Models registered later do not change it."""
+        if self.draining or not self.models.startup_done:
+            return False
+        return all(
+            entry.runner.is_ready()
+            for entry in self.registry.all_versions()
+            if entry.loaded_at_startup
+        )
+
     def readiness(self, model: str, version: str | None = None) -> Readiness:
         """Whether one model version can take requests now (for orchestrators' probes)."""
         entry = self.registry.get(model, version)

@@ -55,6 +55,8 @@ class ModelLifecycle:
         self.machine = machine
         self.opening_startup_models = False
         """Start-up archives are being opened, not yet registered: not Healthy yet."""
+        self.startup_done = False
+        """The start-up models are registered and each has tried its first start."""
         self._start_worker = start_worker
         self._next_gpu = 0
         self._background: set[asyncio.Task[None]] = set()
@@ -196,6 +198,7 @@ class ModelLifecycle:
         """Open, start and wait for the start-up models; then the ``startup`` snapshot."""
         store = startup_store(self.settings)
         if store is None:
+            self.startup_done = True
             return
         self.opening_startup_models = True
         try:
@@ -231,6 +234,7 @@ class ModelLifecycle:
         await asyncio.gather(*(entry.runner.wait_started() for entry in started))
         for entry in started:
             _log_started(entry)
+        self.startup_done = True
         self.snapshot_changed("startup")
 
     # --- registration and removal --------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Token authorization is on, as in the Deployment, so the probes carry no key. While a
 start-up model is still loading (its handler waits on a FIFO the test opens), the liveness
-path answers 200 and the readiness path 503; once it has loaded, both 200; from SIGTERM on,
-during the drain, readiness 503 again while liveness stays 200, and the server exits 0
-within the Deployment's grace period.
+path answers 200 and the readiness path 503, though another start-up model is up; once it
+has loaded, both 200; from SIGTERM on, during the drain, readiness 503 again while
+liveness stays 200, and the server exits 0 within the Deployment's grace period.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
 from tests.fixtures.gate import release
 from tests.fixtures.kubernetes import deployment, ferry_container
-from tests.fixtures.models import HANDLERS, write_config
+from tests.fixtures.models import HANDLERS, handler_archive, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.torchserve import free_port
 
@@ -58,6 +58,7 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]
         store,
         "--models",
         f"gated={_gated_archive(store, gate)}",
+        f"fast={handler_archive(store, 'fast', 'digest_handler.py')}",
         "--key-file",
         str(tmp_path / "key_file.json"),
         "--drain-delay",
@@ -96,6 +97,10 @@ def test_readiness_waits_for_the_models_and_turns_503_on_sigterm_liveness_does_n
     )
 
     wait_until("the listeners to open", lambda: _status(live) == 200, process=process, log=log)
+    # One start-up model is up, the other still loading: not ready (it said ready here,
+    # /ping's "Partial Healthy", before issue 48's image test caught it).
+    fast_up = "fast v1.0 worker 0 ready"
+    wait_until("the other model to load", lambda: fast_up in log.read_text(), process=process)
     assert _status(ready) == 503  # the model is still loading: no traffic yet
     release(tmp_path / "gate", waiting=lambda: process.poll() is None)
     wait_until("the model to load", lambda: _status(ready) == 200, process=process, log=log)
