@@ -1,26 +1,37 @@
-# Ferry's image: `docker build -t ferry .` (CPU torch), or for CUDA
+# Ferry's image. Here (podman, no Docker Hub): `make image` (scripts/image.sh). Elsewhere:
+#   docker build -t ferry .                     # CPU torch and torchvision (the small image)
 #   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t ferry:cuda .
-# with an index that has torch ${TORCH_VERSION} (scripts/check_torch_build.py stops the build
-# when pip installs another build, naming both). CUDA wheels carry their runtime libraries;
-# the host needs the NVIDIA container toolkit and a driver for that CUDA version.
-# Its install step is scripts/install.sh, the script `make venv` (and so CI) runs.
+#   docker build --build-arg TORCH_INDEX_URL= -t ferry:pypi .   # PyPI's default builds
+# with an index that has torch ${TORCH_VERSION} and torchvision ${TORCHVISION_VERSION}
+# (scripts/check_torch_build.py stops the build when pip installs another build or an
+# unmatched pair, naming them). CUDA wheels carry their runtime libraries; the host needs the
+# NVIDIA container toolkit and a driver for that CUDA version. The install steps are
+# scripts/install.sh, the script `make venv` (and so CI) runs. docs/kserve.md: sizes, start-up.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
+ARG TORCHVISION_VERSION=0.28.0
 
 WORKDIR /opt/ferry/src
-COPY pyproject.toml README.md ./
-COPY ferry ./ferry
+# torch and torchvision first, in a layer of their own: a change to Ferry rebuilds from the
+# COPY of its sources on, not the gigabyte below.
 COPY scripts/install.sh scripts/check_torch_build.py ./scripts/
 RUN TORCH_INDEX_URL="${TORCH_INDEX_URL}" TORCH_VERSION="${TORCH_VERSION}" \
-        scripts/install.sh /opt/ferry/venv runtime \
+        TORCHVISION_VERSION="${TORCHVISION_VERSION}" \
+        scripts/install.sh /opt/ferry/venv torch \
     && rm -rf /root/.cache
+COPY pyproject.toml README.md ./
+COPY ferry ./ferry
+RUN scripts/install.sh /opt/ferry/venv runtime && rm -rf /root/.cache
 COPY deploy/kserve/torchserve /usr/local/bin/torchserve
 
+# TMPDIR: where Ferry unpacks archives and keeps compile caches (a tmpfs or emptyDir under
+# a read-only root); logs go to the container's output, not to files.
 ENV PATH=/opt/ferry/venv/bin:$PATH \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    TMPDIR=/tmp
 RUN useradd --uid 1000 --create-home model-server
 USER 1000
 WORKDIR /home/model-server

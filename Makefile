@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat clean
+.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image clean
 
 $(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
@@ -49,6 +49,10 @@ compat: $(STAMP)
 ## Retrain the demo model and rebuild its archive (a few minutes on 2 cores).
 demo-model: $(STAMP)
 	$(BIN)/python -m examples.demo.train --out examples/demo/model-store
+
+## Ferry's container image with podman, as root (scripts/image.sh; docs/kserve.md).
+image:
+	bash scripts/image.sh
 
 ## Core benchmark: ResNet-18 through the server against the same pipeline offline.
 bench: $(STAMP)

@@ -268,6 +268,7 @@ async def _start_up_then_serve(
     for name, url in urls.items():
         log.info("%s API listening on %s", name, url)
     _log_models(service)
+    _log_writes(service, settings, keys)
     settle_garbage_collector()
     system_metrics = await _log_system_metrics(service, settings)
     try:
@@ -370,6 +371,22 @@ def _log_models(service: FerryService) -> None:
             model.min_workers,
             ", ".join(devices or ["none"]),
         )
+
+
+def _log_writes(service: FerryService, settings: ServerSettings, keys: KeyPlan | None) -> None:
+    """Every place the server writes to, so an operator can mount those writable and the
+    rest read-only (``readOnlyRootFilesystem``)."""
+    work_dir = service.models.work_dir
+    places = [f"unpacked archives, per-model packages and compile caches in {work_dir}"]
+    if keys is not None:
+        places.append(f"API keys in {keys.path.resolve()}")
+    logs = "logs to standard output only"
+    if settings.log_location is not None:
+        logs = f"logs and model snapshots in {settings.log_location.resolve()}"
+    places.append(logs)
+    if settings.ready_file is not None:
+        places.append(f"the ready file {settings.ready_file}")
+    log.info("writes only: %s", "; ".join(places))
 
 
 def write_ready_file(path: Path, addresses: dict[str, str]) -> None:

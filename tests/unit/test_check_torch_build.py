@@ -49,3 +49,25 @@ def test_this_environments_torch_passes() -> None:
     import torch
 
     assert _module().mismatch(torch.__version__, torch.version.cuda, "2.13.0", "") is None
+
+
+@pytest.mark.parametrize(
+    ("torch", "torch_cuda", "vision", "vision_cuda", "problem"),
+    [
+        ("2.13.0+cpu", None, "0.28.0+cpu", None, None),
+        ("2.13.0", "13.0", "0.28.0", "13.0", None),  # PyPI's default pair
+        ("2.13.0+cu130", "13.0", "0.28.0+cu130", "13000", None),  # torchvision's own spelling
+        ("2.13.0+cpu", None, "0.28.0", "13.0", "built for CUDA 13.0, torch 2.13.0+cpu for none"),
+        ("2.13.0", "13.0", "0.27.1", "13.0", "was installed, not 0.28.0"),
+    ],
+)
+def test_torchvision_is_checked_against_the_torch_beside_it(
+    torch: str, torch_cuda: str | None, vision: str, vision_cuda: str | None, problem: str | None
+) -> None:
+    found = _module().torchvision_mismatch(torch, torch_cuda, vision, vision_cuda, "0.28.0")
+    assert found == problem or (problem is not None and problem in found)
+
+
+def test_a_torchvision_made_for_another_torch_is_named() -> None:
+    found = _module().torchvision_mismatch("2.13.0", "13.0", "0.27.1", "13.0", "0.27.1")
+    assert found == "torchvision 0.27.1 is made for torch 2.12, not torch 2.13.0"
