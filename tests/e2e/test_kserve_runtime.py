@@ -1,6 +1,7 @@
-"""Ferry as KServe's runtime, tested by its contract (no cluster or container runs here):
-the shipped ClusterServingRuntime's arguments and environment, KServe's /mnt/models layout
-with its sample config.properties, and KServe's own e2e TorchServe payloads (V1 and V2)."""
+"""Ferry as KServe's runtime, tested by its contract without a container (test_image.py
+runs the image): the shipped ClusterServingRuntime's arguments and environment, KServe's
+/mnt/models layout with its sample config.properties, and KServe's own e2e TorchServe
+payloads (V1 and V2)."""
 
 from __future__ import annotations
 
