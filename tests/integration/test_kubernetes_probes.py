@@ -21,7 +21,7 @@ import pytest
 from ferry.store.writer import ArchiveSpec, write_archive
 from tests.fixtures.cli import FERRY, serve_args
 from tests.fixtures.gate import release
-from tests.fixtures.kubernetes import deployment, ferry_container
+from tests.fixtures.k8s_manifests import deployment, ferry_container
 from tests.fixtures.models import HANDLERS, handler_archive, write_config
 from tests.fixtures.polling import wait_until
 from tests.fixtures.torchserve import free_port

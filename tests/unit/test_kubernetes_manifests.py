@@ -25,7 +25,7 @@ from ferry.config.settings import ServerSettings
 from ferry.config.sources import OPTIONS, load_settings
 from ferry.http.auth import OPEN_PATHS
 from ferry.server import CLOSE_SECONDS, LISTENER_STOP_SECONDS
-from tests.fixtures.kubernetes import (
+from tests.fixtures.k8s_manifests import (
     Document,
     deployment,
     documents,
