@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image clean
+.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image gpu-kit clean
 
 $(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
@@ -57,6 +57,10 @@ image:
 ## Core benchmark: ResNet-18 through the server against the same pipeline offline.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_benchmark.py --out benchmarks/results/core.md
+
+## The GPU kit (docs/testing.md): .gpu-kit/ holds the wheels a GPU machine lacks and run.sh.
+gpu-kit: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_kit build --kit .gpu-kit
 
 clean:
 	rm -rf $(VENV) .venv-torchserve .mypy_cache .pytest_cache .ruff_cache

@@ -22,8 +22,11 @@ round from the offline limit); the load comes from ``--clients`` processes. The 
 of the clients and of the server (frontend and workers) is measured per round, so that a
 ratio below the limit can be put down to the GPU, the server's CPU or the load generator.
 
-``--device cpu --model resnet18 --precision fp32 --batches 1 4`` runs the same script on a
-CPU as a smoke check of the script; its figures say nothing about GPUs.
+``--variants`` keeps some of the served variants (the GPU kit's bf16 part: the two
+``tensor`` ones). The page is rewritten after every round, so a run stopped early keeps
+what it measured. Without a CUDA GPU (and ``--device cuda``) it says ``SKIP: ...`` and
+exits 2. ``--device cpu --model resnet18 --precision fp32 --batches 1 4`` runs the same
+script on a CPU as a smoke check of the script; its figures say nothing about GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,9 +182,13 @@ def server_models(
             {**base, "micro_batching": pipeline, "image_classifier": {"gpu_decode": True}},
             "image/jpeg",
         )
+    kept = args.variants.split(",") if args.variants else list(variants)
+    if unknown := set(kept) - set(variants):
+        raise SystemExit(f"--variants: no variant {sorted(unknown)} here; {sorted(variants)}")
     return {
         name: (archive(store, name, weights, handler, config), content_type)
         for name, (handler, config, content_type) in variants.items()
+        if name in kept
     }
 
 
@@ -203,10 +211,12 @@ def main() -> None:
     parser.add_argument("--round-seconds", type=float, default=10.0, help="per round, at least")
     parser.add_argument("--clients", type=int, default=2, help="load generator processes")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--variants", default="", help="comma-separated; default: all")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU here; --device cpu runs the script as a smoke check only")
+        print(f"SKIP: no CUDA GPU here (torch {torch.__version__}); --device cpu: a smoke run")
+        raise SystemExit(2)
     tmp = Path(tempfile.mkdtemp(prefix="ferry-gpu-"))
     store = tmp / "store"
     store.mkdir()
@@ -223,6 +233,11 @@ def main() -> None:
     specs = [f"{name}={archive_name}" for name, (archive_name, _) in models.items()]
     # At the offline limit's rate, this many requests take round_seconds: no fewer.
     requests = max(args.requests, int(limit[best_batch] * args.round_seconds))
+
+    def write(rounds: dict[str, list[Round]]) -> None:  # a run stopped early keeps its page
+        report(args, device, limit, best_batch, concurrency, requests, rounds, quiet=True)
+
+    write({})
     with ferry_server(store, specs, tmp, "--access-log", "false") as server:
         rounds = measured_rounds(
             server,
@@ -230,8 +245,15 @@ def main() -> None:
             concurrency,
             requests,
             args,
+            write,
         )
     report(args, device, limit, best_batch, concurrency, requests, rounds)
+    served = [statistics.median(r.images_per_second for r in runs) for runs in rounds.values()]
+    best_served = max(served)
+    print(
+        f"PASS: offline {limit[best_batch]:.0f} img/s at batch {best_batch}; "
+        f"best served {best_served:.0f} img/s ({best_served / limit[best_batch]:.2f}x)"
+    )
 
 
 @dataclass
@@ -269,9 +291,11 @@ def measured_rounds(
     concurrency: int,
     requests: int,
     args: argparse.Namespace,
+    on_round: Callable[[dict[str, list[Round]]], None] | None = None,
 ) -> dict[str, list[Round]]:
     """Each model's rounds, in alternating order, after a warm-up; the load split over
-    ``args.clients`` fresh processes (one Python client cannot load a GPU server)."""
+    ``args.clients`` fresh processes (one Python client cannot load a GPU server).
+    ``on_round`` gets the rounds so far after each."""
     clients = max(1, args.clients)
     rounds: dict[str, list[Round]] = {name: [] for name in models}
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -307,6 +331,8 @@ def measured_rounds(
             if index:
                 summary = ", ".join(f"{n} {rounds[n][-1].images_per_second:.0f}" for n in models)
                 print(f"round {index}: {summary} img/s", flush=True)
+                if on_round is not None:
+                    on_round(rounds)
     return rounds
 
 
@@ -318,10 +344,15 @@ def report(
     concurrency: int,
     requests: int,
     rounds: dict[str, list[Round]],
+    *,
+    quiet: bool = False,
 ) -> None:
+    """The page; ``quiet`` writes it without printing it (a page of the rounds so far)."""
     best = limit[best_batch]
     med = {
-        name: statistics.median(r.images_per_second for r in runs) for name, runs in rounds.items()
+        name: statistics.median(r.images_per_second for r in runs)
+        for name, runs in rounds.items()
+        if runs
     }
 
     def cores(runs: list[Round], server: bool) -> float:
@@ -372,7 +403,13 @@ def report(
                 f"- {kind}: pipelined / sequential ({note}) = "
                 f"{med[pipelined] / med[sequential]:.2f}x"
             )
-    publish(args.out, lines)
+    if not quiet:
+        publish(args.out, lines)
+        return
+    done = min((len(runs) for runs in rounds.values()), default=0)
+    lines[1:1] = ["", f"**Partial page**: written after round {done} of {args.rounds}."]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -349,7 +349,8 @@ def onnx_on_the_gpu(tmp: Path) -> str:
 # --- the run ---------------------------------------------------------------------------
 
 
-def run_checks(tmp: Path) -> list[Check]:
+def run_checks(tmp: Path, on_check: Callable[[list[Check]], None] | None = None) -> list[Check]:
+    """Every check in turn; ``on_check`` is called with the results so far after each."""
     checks: list[tuple[str, Callable[[], str]]] = [
         ("stream ordering", stream_ordering),
         ("one GPU per worker", one_gpu_per_worker),
@@ -374,27 +375,50 @@ def run_checks(tmp: Path) -> list[Check]:
         figure += f" ({time.monotonic() - start:.1f} s)"
         results.append(Check(name, outcome, figure))
         print(results[-1].line(), flush=True)
+        if on_check is not None:
+            on_check(results)
     return results
+
+
+def page(results: list[Check]) -> list[str]:
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return [
+        "# GPU checks (issue 32)",
+        "",
+        f"Machine: {machine_description()}; GPU: {gpu}; torch {torch.__version__}.",
+        "",
+        "| check | outcome | figure |",
+        "|---|---|---|",
+        *(f"| {c.name} | {c.outcome} | {c.figure} |" for c in results),
+    ]
+
+
+def verdict(results: list[Check]) -> str:
+    """The last line: what the GPU kit reads (``SKIP:`` when there is no GPU here)."""
+    counts = {o: sum(c.outcome == o for c in results) for o in ("PASS", "FAIL", "SKIP")}
+    tally = ", ".join(f"{n} {o}" for o, n in counts.items())
+    if not torch.cuda.is_available():
+        return f"SKIP: no CUDA GPU (torch {torch.__version__}): {tally}"
+    failed = [c.name for c in results if c.outcome == "FAIL"]
+    return f"FAIL: {tally}: {', '.join(failed)}" if failed else f"PASS: {tally}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the results as Markdown here")
     args = parser.parse_args()
+    out: Path | None = args.out
+
+    def write(done: list[Check]) -> None:  # after each check: a killed run keeps its page
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("\n".join(page(done)) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="ferry-gpu-checks-") as tmp:
-        results = run_checks(Path(tmp))
-    if args.out is not None:
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-        lines = [
-            "# GPU checks (issue 32)",
-            "",
-            f"Machine: {machine_description()}; GPU: {gpu}; torch {torch.__version__}.",
-            "",
-            "| check | outcome | figure |",
-            "|---|---|---|",
-            *(f"| {c.name} | {c.outcome} | {c.figure} |" for c in results),
-        ]
-        publish(args.out, lines)
+        results = run_checks(Path(tmp), write)
+    if out is not None:
+        publish(out, page(results))
+    print(verdict(results), flush=True)
     if not torch.cuda.is_available():
         return 2
     return 1 if any(c.outcome == "FAIL" for c in results) else 0
