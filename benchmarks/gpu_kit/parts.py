@@ -65,4 +65,12 @@ def kit_parts(python: str, site: str) -> list[Part]:
             "gpu_resnet50_bf16.md",
             "the same in bf16, raw pixels only: sequential and pipelined",
         ),
+        Part(
+            "gpu_fault_load",
+            (python, "benchmarks/gpu_fault_load.py", "--seconds", "20", "--out", "{result}"),
+            75,
+            "gpu_fault_load.md",
+            "device-side asserts under concurrent load: every request answered, only the "
+            "asserting ones fail, workers replaced",
+        ),
     ]

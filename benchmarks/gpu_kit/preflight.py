@@ -30,6 +30,7 @@ PART_MODULES = (
     "ferry.http.protocol",
     "benchmarks.gpu_checks",
     "benchmarks.gpu_benchmark",
+    "benchmarks.gpu_fault_load",
 )
 """What the parts import (and, through them, everything Ferry's server imports)."""
 DEVICE_MODULES = ("torch", "numpy", "PIL", "yaml", "msgpack", "httpx", "aiohttp", "uvloop")
