@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image gpu-kit clean
+.PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image gpu-kit gpu-kit-dry-run clean
 
 $(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
@@ -61,6 +61,11 @@ bench: $(STAMP)
 ## The GPU kit (docs/testing.md): .gpu-kit/ holds the wheels a GPU machine lacks and run.sh.
 gpu-kit: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_kit build --kit .gpu-kit
+
+## The kit's dry run here: every part SKIPs for want of a GPU (results in /tmp/gpu-kit-dry-run).
+gpu-kit-dry-run: gpu-kit
+	rm -rf /tmp/gpu-kit-dry-run
+	OUT=/tmp/gpu-kit-dry-run PYTHON=$(BIN)/python bash .gpu-kit/run.sh --dry-run
 
 clean:
 	rm -rf $(VENV) .venv-torchserve .mypy_cache .pytest_cache .ruff_cache
