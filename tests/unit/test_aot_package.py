@@ -136,6 +136,50 @@ def test_loading_a_package_for_another_device_fails_before_torch_reads_it(
         load_aoti_package(package, CPU)
 
 
+def test_a_torch_without_the_package_loader_refuses_the_package_naming_what_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on torch before 2.6 (simulated): a clear ``ArchiveError``, not an ImportError."""
+    import torch._inductor
+
+    monkeypatch.delattr(torch._inductor, "aoti_load_package")
+    package = _package(tmp_path / "cpu.pt2", {"AOTI_DEVICE_KEY": "cpu"})
+    with pytest.raises(ArchiveError, match=r"cpu.pt2: .* needs torch 2.6 or later .* has torch"):
+        load_aoti_package(package, CPU)
+
+
+def test_a_loader_without_a_device_index_loads_on_the_current_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on torch 2.6 (simulated): ``aoti_load_package(path)`` alone."""
+    import torch._inductor
+
+    loaded: list[str] = []
+
+    def loader_of_torch_2_6(path: str, run_single_threaded: bool = False) -> Any:
+        loaded.append(path)
+        return _Recorder()
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", loader_of_torch_2_6)
+    package = _package(tmp_path / "cpu.pt2", {"AOTI_DEVICE_KEY": "cpu"})
+    model = load_aoti_package(package, CPU)
+    assert loaded == [str(package)]
+    assert isinstance(model.compiled, _Recorder)
+
+
+def test_torchserves_earlier_form_on_a_torch_without_its_loader_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``torch._export.aot_load`` (deprecated) gone, as from a later torch (simulated)."""
+    import torch._export
+
+    monkeypatch.delattr(torch._export, "aot_load")
+    library = tmp_path / "model.so"
+    library.write_bytes(b"")
+    with pytest.raises(ArchiveError, match=r"no torch._export.aot_load .* --aot-inductor"):
+        BaseHandler()._load_torch_export_aot_compile(str(library))
+
+
 class _Recorder:
     """A stand-in for a loaded package: doubles its input, noting each batch's rows."""
 

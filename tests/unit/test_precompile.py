@@ -5,6 +5,7 @@ the saved file fails. Compiling for real is in tests/integration/test_aot_induct
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,54 @@ def test_a_model_the_capture_cannot_take_is_compiled_the_ordinary_way(
     assert not isinstance(compiled.forward, GuardedForward)
     assert "cannot be compiled ahead of its first call (RuntimeError: Graph break" in caplog.text
     assert not (tmp_path / precompile.FOLDER).exists()
+
+
+@pytest.mark.parametrize(
+    ("removed", "named"),
+    [
+        ("method", "torch._dynamo.eval_frame.OptimizedModule._aot_compile"),
+        ("module", "torch._dynamo.aot_compile.ModelInput"),
+        ("renamed", "torch._dynamo.config.no_such_flag"),
+    ],
+)
+def test_a_torch_without_the_capture_compiles_the_ordinary_way_and_says_why(
+    removed: str,
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As on a torch older than 2.13 (the device's 2.11, say), simulated: a method or the
+    module of the capture missing, or a piece renamed (a later torch)."""
+    monkeypatch.setattr(precompile, "cache_root", lambda: tmp_path)
+    if removed == "method":
+        monkeypatch.delattr(torch._dynamo.eval_frame.OptimizedModule, "_aot_compile")
+    elif removed == "module":
+        monkeypatch.setitem(sys.modules, "torch._dynamo.aot_compile", None)  # ImportError
+    else:
+        renamed = ("torch._dynamo.config", "no_such_flag")
+        monkeypatch.setattr(precompile, "CAPTURE", (*precompile.CAPTURE, renamed))
+
+    def compiled_anyway(*_: Any) -> Any:
+        raise AssertionError("the capture was tried")
+
+    monkeypatch.setattr(precompile, "_compile", compiled_anyway)
+    precompile.missing_capture.cache_clear()
+    try:
+        assert named in precompile.missing_capture()
+        compiled = precompile.compile_once(_mlp(), "default", _examples(1, 4))
+    finally:
+        precompile.missing_capture.cache_clear()
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert not isinstance(compiled.forward, GuardedForward)
+    assert f"lacks the ahead-of-time capture ({named}" in caplog.text
+    assert not (tmp_path / precompile.FOLDER).exists()
+
+
+@pytest.mark.skipif(torch.__version__ < "2.13", reason="the capture is torch 2.13's")
+def test_torch_2_13_has_every_piece_of_the_capture() -> None:
+    precompile.missing_capture.cache_clear()
+    assert precompile.missing_capture() == ()
 
 
 def test_a_saved_file_that_does_not_load_is_compiled_again_and_replaced(

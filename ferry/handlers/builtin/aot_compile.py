@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ferry.errors import ArchiveError
-from ferry.handlers.builtin.aot_package import MAX_BATCH_KEY, TORCH_KEY
+from ferry.handlers.builtin.aot_package import MAX_BATCH_KEY, TORCH_KEY, load_package_file
 from ferry.handlers.builtin.model_loading import load_eager_model
 
 CPU = torch.device("cpu")
@@ -87,7 +87,13 @@ def compile_package(
     tolerance: float = 1e-4,
 ) -> CompiledPackage:
     """``model`` compiled for ``device`` into the package ``target``, checked against it."""
-    from torch._inductor import aoti_compile_and_package, aoti_load_package
+    try:
+        from torch._inductor import aoti_compile_and_package
+    except ImportError as error:
+        raise ArchiveError(
+            "--aot-inductor needs torch 2.6 or later (torch._inductor.aoti_compile_and_package);"
+            f" this is torch {torch.__version__}"
+        ) from error
 
     if max_batch < 1:
         raise ArchiveError("--max-batch must be at least 1")
@@ -111,8 +117,7 @@ def compile_package(
             inductor_configs={"aot_inductor.metadata": metadata},
         )
     seconds = time.monotonic() - started
-    index = device.index if device.type == "cuda" and device.index is not None else -1
-    compiled = aoti_load_package(path, device_index=index)
+    compiled = load_package_file(Path(path), device)
     difference = _max_difference(model, compiled, input_shape, max_batch, device)
     if difference > tolerance:
         Path(path).unlink(missing_ok=True)

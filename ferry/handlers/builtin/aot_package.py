@@ -11,6 +11,11 @@ compute capability, and the torch version (recorded by ``ferry archive --aot-ind
 native kernels are tied to the libtorch that built them). A mismatch is an
 ``ArchiveError`` naming both sides, not a crash.
 
+Torch: ``aoti_load_package`` is torch 2.6's; on an older torch loading a package is an
+``ArchiveError`` naming the torch it needs (a package cannot be served any other way),
+and where the loader takes no ``device_index`` (before 2.7) the package is loaded with
+the worker's GPU made current instead.
+
 Batches: a package compiled with a dynamic batch dimension runs any batch size up to its
 maximum (``ferry.max_batch`` in its metadata); a larger batch is run in slices of that
 size and joined, so ``batchSize`` above the compiled maximum still works.
@@ -18,6 +23,7 @@ size and joined, so ``batchSize`` above the compiled maximum still works.
 
 from __future__ import annotations
 
+import inspect
 import json
 import zipfile
 from collections.abc import Callable
@@ -208,13 +214,28 @@ def load_aoti_package(path: Path, device: torch.device) -> AotiModel:
     reason = mismatch(path, target, current_runtime(device))
     if reason is not None:
         raise ArchiveError(reason)
-    from torch._inductor import aoti_load_package
-
-    index = device.index if device.type == "cuda" and device.index is not None else -1
     # The CPU's flags, checked above against the package's, answer Inductor's test builds.
     try:
         with vector_isa_from_cpu_flags():
-            compiled = aoti_load_package(str(path), device_index=index)
+            compiled = load_package_file(path, device)
     except RuntimeError as error:
         raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error
     return AotiModel(compiled, target)
+
+
+def load_package_file(path: Path, device: torch.device) -> Any:
+    """torch's ``aoti_load_package`` of ``path`` on ``device``, on whichever torch has
+    one (see the module's docstring)."""
+    try:
+        from torch._inductor import aoti_load_package
+    except ImportError as error:
+        raise ArchiveError(
+            f"{path.name}: loading an AOTInductor package needs torch 2.6 or later "
+            f"(torch._inductor.aoti_load_package); this worker has torch {torch.__version__}"
+        ) from error
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    if "device_index" in inspect.signature(aoti_load_package).parameters:
+        return aoti_load_package(str(path), device_index=index)
+    if index >= 0:
+        torch.cuda.set_device(index)  # the loader takes the current device
+    return aoti_load_package(str(path))

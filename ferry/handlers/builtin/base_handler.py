@@ -156,11 +156,17 @@ class BaseHandler:
         path = Path(model_so_path)
         if not path.is_file():
             raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
+        aot_load = getattr(torch._export, "aot_load", None)  # deprecated: gone from a later torch
+        if aot_load is None:
+            raise ArchiveError(
+                f"{path.name}: torch {torch.__version__} has no torch._export.aot_load to load "
+                "it; compile an AOTInductor package instead (ferry archive --aot-inductor)"
+            )
         device = self._device()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # its loader takes a device type, not an index
         try:
-            return torch._export.aot_load(str(path), device.type)
+            return aot_load(str(path), device.type)
         except RuntimeError as error:
             raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error
 

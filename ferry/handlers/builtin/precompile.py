@@ -23,6 +23,11 @@ compile cache can run code in the workers. Ferry's own cache is private to the s
 (made beside the unpacked archive, mode 0700); a ``TORCHINDUCTOR_CACHE_DIR`` the operator
 sets must be writable only by the account the server runs as.
 
+A torch without the capture (it is experimental, and private: 2.13 has every piece this
+module uses, older releases may lack some, as a later one may rename them; ``missing_capture``
+names what is absent) compiles the ordinary way, each worker as it runs, with a warning
+saying what was missing.
+
 A call the saved guards reject (another shape or dtype, a call outside
 ``torch.inference_mode`` or with an inference tensor) runs through an ordinary
 ``torch.compile`` of the model, which compiles it as it would have without this. A
@@ -43,7 +48,9 @@ for one thread count each, saved side by side.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import logging
 import os
 import types
@@ -76,10 +83,45 @@ def precompilable(model: Any, examples: Sequence[torch.Tensor]) -> bool:
     )
 
 
+CAPTURE = (
+    ("torch._dynamo.aot_compile", "ModelInput"),
+    ("torch._dynamo.aot_compile", "AOTCompiledFunction.guard_check"),
+    ("torch._dynamo.aot_compile", "AOTCompiledFunction.disable_guard_check"),
+    ("torch._dynamo.eval_frame", "OptimizedModule._aot_compile"),
+    ("torch._dynamo.eval_frame", "OptimizedModule._save_aot_compiled_module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule._load_aot_compiled_module"),
+    ("torch._dynamo.config", "enable_aot_compile"),
+)
+"""The private pieces of torch's ahead-of-time capture this module uses (torch 2.13)."""
+
+
+@functools.cache
+def missing_capture() -> tuple[str, ...]:
+    """The pieces of ``CAPTURE`` this torch lacks; empty when it has them all."""
+    missing = []
+    for module_name, attribute in CAPTURE:
+        try:
+            found: Any = importlib.import_module(module_name)
+            for name in attribute.split("."):
+                found = getattr(found, name)
+        except (ImportError, AttributeError):
+            missing.append(f"{module_name}.{attribute}")
+    return tuple(missing)
+
+
 def compile_once(model: torch.nn.Module, mode: str, examples: Sequence[torch.Tensor]) -> Any:
     """``torch.compile(model, mode=mode)``, its graphs for ``examples`` loaded from the
-    compile cache or compiled now and saved there."""
+    compile cache or compiled now and saved there; on a torch without the capture, the
+    ordinary ``torch.compile`` (with a warning)."""
     fallback = torch.compile(model, mode=mode)
+    if missing := missing_capture():
+        log.warning(
+            "compile: torch %s lacks the ahead-of-time capture (%s): each worker compiles "
+            "the model as it runs (torch 2.13 has it)",
+            torch.__version__,
+            ", ".join(missing),
+        )
+        return fallback
     path = artifact_path(cache_root(), model, mode, examples)
     with vector_isa_from_cpu_flags():  # not Inductor's test builds, about 1 s a worker
         return _load_or_compile(model, mode, examples, path, fallback)
