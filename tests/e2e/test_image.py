@@ -19,7 +19,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -36,8 +35,10 @@ import pytest
 import yaml
 
 from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.kserve_layout import MNIST, kserve_config
 from tests.fixtures.models import HANDLERS
 from tests.fixtures.polling import wait_until
+from tests.fixtures.torchserve import free_port
 from tests.fixtures.vision_compat import digit_png, mnist_archive
 
 ROOT = Path(__file__).parents[2]
@@ -46,23 +47,14 @@ IMAGE = os.environ.get("FERRY_TEST_IMAGE", "localhost/ferry:latest")
 BUILD_TIMEOUT = 3600
 GRACE = 30
 """KServe's (Kubernetes') default terminationGracePeriodSeconds."""
-# KServe's sample config.properties for TorchServe (docs/samples/v1beta1/torchserve), with
-# a second model in its snapshot.
-CONFIG = """\
-inference_address=http://0.0.0.0:8085
-management_address=http://0.0.0.0:8085
-metrics_address=http://0.0.0.0:8082
-grpc_inference_port=7070
-grpc_management_port=7071
-enable_metrics_api=true
-metrics_format=prometheus
-number_of_netty_threads=4
-job_queue_size=10
-enable_envvars_config=true
-install_py_dep_per_model=true
-model_store=/mnt/models/model-store
-model_snapshot={"name":"startup.cfg","modelCount":2,"models":{"mnist":{"1.0":{"defaultVersion":true,"marName":"mnist.mar","minWorkers":1,"maxWorkers":5,"batchSize":1,"maxBatchDelay":5000,"responseTimeout":120}},"slow":{"1.0":{"defaultVersion":true,"marName":"slow.mar","minWorkers":1,"maxWorkers":1,"batchSize":1,"maxBatchDelay":5,"responseTimeout":120}}}}
-"""
+SLOW = {
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "batchSize": 1,
+    "maxBatchDelay": 5,
+    "responseTimeout": 120,
+}
+"""KServe's sample config lists mnist; the slow model is listed beside it."""
 
 
 def _why_not() -> str | None:
@@ -105,18 +97,13 @@ def mnt_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mnist_archive(store, handler="ts_torchvision_mnist_handler.py")
     slow = ArchiveSpec(model_name="slow", handler=str(HANDLERS / "slow_handler.py"))
     write_archive(slow, store, force=True)
-    (models / "config" / "config.properties").write_text(CONFIG)
+    (models / "config" / "config.properties").write_text(
+        kserve_config({"mnist": MNIST, "slow": SLOW})
+    )
     for path in [models, *models.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     models.parent.chmod(0o755)
     return models
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _kserve_container() -> dict[str, Any]:
@@ -159,7 +146,7 @@ def _run_args(image: str, models: Path, envelope: str, name: str) -> tuple[list[
     env = {entry["name"]: str(entry["value"]) for entry in container["env"]}
     env["TS_SERVICE_ENVELOPE"] = envelope  # KServe renders {{.Labels.serviceEnvelope}}
     env["PROTOCOL_VERSION"] = "v1" if envelope == "kserve" else "v2"  # KServe adds it
-    ports = {8080: _free_port(), 8081: _free_port(), 8082: _free_port()}
+    ports = {8080: free_port(), 8081: free_port(), 8082: free_port()}
     runc = shutil.which("runc") or "runc"
     argv = ["podman", "run", "--detach", "--name", name, "--runtime", runc]
     argv += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.fixtures.kserve_layout import kserve_config
 from tests.fixtures.polling import wait_until
+from tests.fixtures.torchserve import free_port
 from tests.fixtures.vision_compat import digit_png, mnist_archive
 
 pytestmark = pytest.mark.e2e
@@ -28,30 +29,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
 RUNTIME = ROOT / "deploy" / "kserve" / "cluster-serving-runtime.yaml"
 SHIM = ROOT / "deploy" / "kserve" / "torchserve"
-# KServe's sample config.properties for TorchServe (docs/samples/v1beta1/torchserve): the
-# server behind KServe's wrapper on 8085, the models in model_snapshot.
-KSERVE_CONFIG = """\
-inference_address=http://0.0.0.0:8085
-management_address=http://0.0.0.0:8085
-metrics_address=http://0.0.0.0:8082
-grpc_inference_port=7070
-grpc_management_port=7071
-enable_metrics_api=true
-metrics_format=prometheus
-number_of_netty_threads=4
-job_queue_size=10
-enable_envvars_config=true
-install_py_dep_per_model=true
-model_store=/mnt/models/model-store
-model_snapshot={"name":"startup.cfg","modelCount":1,"models":{"mnist":{"1.0":{"defaultVersion":true,"marName":"mnist.mar","minWorkers":1,"maxWorkers":5,"batchSize":1,"maxBatchDelay":5000,"responseTimeout":120}}}}
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _container() -> dict[str, Any]:
@@ -66,7 +43,7 @@ def _mnt_models(root: Path) -> Path:
     (models / "config").mkdir(parents=True)
     (models / "model-store").mkdir()
     mnist_archive(models / "model-store")
-    config = KSERVE_CONFIG.replace("/mnt/models", str(models))
+    config = kserve_config().replace("/mnt/models", str(models))
     (models / "config" / "config.properties").write_text(config)
     return models
 
@@ -82,11 +59,11 @@ def _runtime(tmp_path: Path, envelope: str) -> Iterator[str]:
     env = {entry["name"]: str(entry["value"]) for entry in container["env"]}
     env["TS_SERVICE_ENVELOPE"] = envelope  # KServe renders {{.Labels.serviceEnvelope}}
     env["PROTOCOL_VERSION"] = "v1" if envelope == "kserve" else "v2"  # KServe adds it
-    port = _free_port()
+    port = free_port()
     env.update(
         FERRY_INFERENCE_ADDRESS=f"http://127.0.0.1:{port}",
-        FERRY_METRICS_ADDRESS=f"http://127.0.0.1:{_free_port()}",
-        FERRY_MANAGEMENT_ADDRESS=f"http://127.0.0.1:{_free_port()}",
+        FERRY_METRICS_ADDRESS=f"http://127.0.0.1:{free_port()}",
+        FERRY_MANAGEMENT_ADDRESS=f"http://127.0.0.1:{free_port()}",
         FERRY_GRPC_INFERENCE_ADDRESS="127.0.0.1",
         FERRY_GRPC_INFERENCE_PORT="0",
         FERRY_GRPC_MANAGEMENT_PORT="0",
