@@ -158,6 +158,9 @@ def server_models(
         "batchSize": batch,
         "maxBatchDelay": 5,
         "responseTimeout": 300,
+        # The load keeps 2 x batch requests in flight: the default queue (100) would
+        # refuse most of them with 503 at large batches.
+        "jobQueueSize": 4 * batch,
         "deviceType": "gpu" if device.type == "cuda" else "cpu",
         "optimization": optimization(args.precision, batch),
     }

@@ -125,12 +125,21 @@ def summarise(
     ]
     for outcome in outcomes:
         part = outcome.part
-        page = part.result if part.result and (out / part.result).is_file() else "-"
+        if part.inline:
+            page = "below" if outcome.page else "-"
+        else:
+            page = part.result if part.result and (out / part.result).is_file() else "-"
         reason = outcome.reason.replace("|", "\\|")
         seconds = f"{outcome.seconds:.0f} ({part.budget:.0f})"
         lines.append(f"| {part.name} | {outcome.status} | {seconds} | {reason} | {page} |")
     for part in parts[len(outcomes) :]:
         lines.append(f"| {part.name} | (to come) | - ({part.budget:.0f}) | {part.purpose} | - |")
+    for outcome in outcomes:
+        if outcome.page:
+            body = outcome.page.strip().splitlines()
+            if body and body[0].startswith("# "):  # one title for the whole page
+                body = body[1:]
+            lines += ["", f"## {outcome.part.name}", *body]
     for outcome in outcomes:
         if outcome.status in ("FAIL", "TIMEOUT") and outcome.tail:
             lines += ["", f"## {outcome.part.name}: its last lines", "", "```", *outcome.tail]

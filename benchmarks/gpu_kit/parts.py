@@ -19,58 +19,81 @@ SUMMARY_FILES = ("kit.md", "kit.log")
 
 BENCHMARK = (
     "benchmarks/gpu_benchmark.py",
-    *("--model", "resnet50", "--batches", "1", "16", "64", "128", "256", "--seconds", "1.5"),
-    *("--rounds", "2", "--round-seconds", "2", "--requests", "500", "--clients", "4"),
-    *("--preprocess-threads", "8"),
+    *("--model", "resnet50", "--seconds", "1.5", "--rounds", "2", "--round-seconds", "1"),
+    *("--requests", "500", "--clients", "4", "--preprocess-threads", "8"),
 )
-"""Shorter than the script's defaults (3 rounds of 10 s): two rounds of at least 2 s a
+"""Shorter than the script's defaults (3 rounds of 10 s): two rounds of at least 1 s a
 variant; 4 load processes and 8 preprocess threads for the device's 16 cores."""
 
 
 def kit_parts(python: str, site: str) -> list[Part]:
-    """The parts, run by ``python``; ``site`` is the private folder of the kit's wheels."""
+    """The parts, run by ``python``; ``site`` is the private folder of the kit's wheels.
+    The first device run (an H200, 265 s of parts) set the budgets: each about 1.5 times
+    what it took there, or what the script's rounds add up to."""
     return [
         Part(
             "preflight",
             (python, "-m", "benchmarks.gpu_kit.preflight", "--site", site, "--out", "{result}"),
-            45,
+            30,
             "environment.md",
             "versions, the carried wheels imported from the kit's folder and their needs met, "
             "every module the parts import, `ferry serve` up and answering /ping",
+            inline=True,
         ),
         Part(
             "gpu_checks",
             (python, "benchmarks/gpu_checks.py", "--out", "{result}"),
-            140,
+            70,
             "gpu_checks.md",
             "every GPU path check of benchmarks/gpu_checks.py: PASS/FAIL/SKIP with its figure",
         ),
         Part(
             "resnet50_fp16",
-            (python, *BENCHMARK, "--precision", "fp16", "--out", "{result}"),
-            170,
+            (
+                python,
+                *BENCHMARK,
+                *("--batches", "1", "16", "64", "128", "256", "--precision", "fp16"),
+                *("--out", "{result}"),
+            ),
+            125,
             "gpu_resnet50_fp16.md",
             "ResNet-50 fp16 served against offline at the best batch: raw pixels and JPEG, "
             "sequential and pipelined (micro_batching), nvJPEG against PIL",
+        ),
+        Part(
+            "gpu_many_models",
+            (python, "benchmarks/gpu_many_models.py", "--models", "30", "--out", "{result}"),
+            85,
+            "gpu_many_models.md",
+            "30 ResNet-18 on one GPU in one shared worker process against a process each: "
+            "GPU memory (NVML), CUDA contexts, time until all answered, the hot model's req/s",
+        ),
+        Part(
+            "gpu_pt2",
+            (python, "benchmarks/gpu_pt2.py", "--out", "{result}"),
+            115,
+            "gpu_pt2.md",
+            "AOTInductor compiled for cuda and torch.compile (Triton) served beside "
+            "TorchScript; a killed compiled worker's restart from the compile cache",
+        ),
+        Part(
+            "gpu_fault_load",
+            (python, "benchmarks/gpu_fault_load.py", "--seconds", "15", "--out", "{result}"),
+            40,
+            "gpu_fault_load.md",
+            "device-side asserts under concurrent load: every request answered, only the "
+            "asserting ones fail, workers replaced",
         ),
         Part(
             "resnet50_bf16",
             (
                 python,
                 *BENCHMARK,
-                *("--precision", "bf16", "--variants", "tensor-sequential,tensor-pipelined"),
-                *("--out", "{result}"),
+                *("--batches", "64", "128", "256", "--precision", "bf16"),
+                *("--variants", "tensor-sequential,tensor-pipelined", "--out", "{result}"),
             ),
-            80,
+            45,
             "gpu_resnet50_bf16.md",
             "the same in bf16, raw pixels only: sequential and pipelined",
-        ),
-        Part(
-            "gpu_fault_load",
-            (python, "benchmarks/gpu_fault_load.py", "--seconds", "20", "--out", "{result}"),
-            75,
-            "gpu_fault_load.md",
-            "device-side asserts under concurrent load: every request answered, only the "
-            "asserting ones fail, workers replaced",
         ),
     ]

@@ -31,12 +31,14 @@ PART_MODULES = (
     "benchmarks.gpu_checks",
     "benchmarks.gpu_benchmark",
     "benchmarks.gpu_fault_load",
+    "benchmarks.gpu_many_models",
+    "benchmarks.gpu_pt2",
 )
 """What the parts import (and, through them, everything Ferry's server imports)."""
 DEVICE_MODULES = ("torch", "numpy", "PIL", "yaml", "msgpack", "httpx", "aiohttp", "uvloop")
 OPTIONAL_MODULES = {
     "torchvision": "gpu_decode (nvJPEG) is off without it",
-    "pynvml": "no NVML figures without it",
+    "pynvml": "no NVML figures without it (gpu_many_models SKIPs)",
     "onnxruntime": "the ONNX check SKIPs without it",
 }
 CARRIED_MODULES = {

@@ -38,6 +38,9 @@ class Part:
     result: str | None = None
     """The page it writes (a file name, copied into the output folder), if any."""
     purpose: str = ""
+    inline: bool = False
+    """Its page goes into ``kit.md`` instead of a file of its own: the device sends back
+    at most 8 files, and a short page is not worth one of them."""
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Outcome:
     reason: str
     seconds: float
     tail: list[str] = field(default_factory=list)
+    page: str = ""
+    """An inline part's page, as it wrote it."""
 
 
 def run_part(
@@ -185,7 +190,10 @@ def run_parts(
                 outcomes.append(outcome)
                 page = folder / (part.result or "")
                 if part.result and page.is_file():
-                    shutil.copyfile(page, out / part.result)
+                    if part.inline:
+                        outcome.page = page.read_text(errors="replace")
+                    else:
+                        shutil.copyfile(page, out / part.result)
             on_outcome(outcomes)
     shutil.rmtree(scratch, ignore_errors=True)
     return outcomes

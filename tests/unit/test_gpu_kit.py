@@ -99,6 +99,27 @@ def test_parts_run_in_order_each_page_copied_and_the_total_respected(tmp_path: P
     assert "===== slow" in (out / "kit.log").read_text()
 
 
+def test_an_inline_part_s_page_goes_into_kit_md_not_a_file_of_its_own(tmp_path: Path) -> None:
+    from benchmarks.gpu_kit.__main__ import summarise
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write = (
+        "import sys; open(sys.argv[1], 'w').write('# Title\\nversions: x 1.0'); print('PASS: ok')"
+    )
+    parts = [
+        dataclasses.replace(python_part("env", write, result="env.md"), inline=True),
+        python_part("own", write, result="own.md"),
+    ]
+    outcomes = run_parts(parts, tmp_path, out, ENV, 60, lambda done: None)
+    summarise(out, "test", parts, outcomes)
+    assert sorted(path.name for path in out.iterdir()) == ["kit.log", "kit.md", "own.md"]
+    summary = (out / "kit.md").read_text()
+    assert "| env | PASS |" in summary and "| below |" in summary
+    assert "## env\nversions: x 1.0" in summary  # its own title dropped
+    assert "# Title" not in summary
+
+
 def test_descendants_finds_grandchildren() -> None:
     assert os.getpid() in descendants(os.getppid())
 
@@ -107,7 +128,7 @@ def test_the_parts_fit_the_device_window_and_its_eight_files() -> None:
     parts = kit_parts("python3", "/tmp/site")
     assert len({part.name for part in parts}) == len(parts)
     assert INSTALL_BUDGET + sum(part.budget for part in parts) <= TOTAL <= 9 * 60
-    pages = [part.result for part in parts if part.result]
+    pages = [part.result for part in parts if part.result and not part.inline]
     assert len(set(pages)) == len(pages)
     assert len(pages) + len(SUMMARY_FILES) <= RESULT_FILES_LIMIT
     assert not set(pages) & set(SUMMARY_FILES)
