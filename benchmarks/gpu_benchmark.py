@@ -17,10 +17,13 @@ One run, on a machine with a CUDA GPU (and a CUDA build of torch):
     against sequential at the same model batch size is the pipeline's own gain;
   - ``jpeg``: the built-in image_classifier on 480 px JPEGs, sequential and pipelined, and
     with ``gpu_decode`` when torchvision is importable.
-Rounds alternate the models and last at least ``--round-seconds`` each (requests per
-round from the offline limit); the load comes from ``--clients`` processes. The CPU time
-of the clients and of the server (frontend and workers) is measured per round, so that a
-ratio below the limit can be put down to the GPU, the server's CPU or the load generator.
+Rounds alternate the models and last at least ``--round-seconds`` each (a model's
+requests per round from the rate its warm-up round measured: the first device run showed
+served rates an eighth of the offline limit's, so requests counted from that limit made
+rounds eight times too long for the GPU kit's budget); the load comes from ``--clients``
+processes. The CPU time of the clients and of the server (frontend and workers) is
+measured per round, so that a ratio below the limit can be put down to the GPU, the
+server's CPU or the load generator.
 
 ``--variants`` keeps some of the served variants (the GPU kit's bf16 part: the two
 ``tensor`` ones). The page is rewritten after every round, so a run stopped early keeps
@@ -234,8 +237,8 @@ def main() -> None:
         "image/jpeg": jpeg_inputs(64, 480),
     }
     specs = [f"{name}={archive_name}" for name, (archive_name, _) in models.items()]
-    # At the offline limit's rate, this many requests take round_seconds: no fewer.
-    requests = max(args.requests, int(limit[best_batch] * args.round_seconds))
+    requests: dict[str, int] = {}
+    """Requests per measured round, by model: set by its warm-up round's rate."""
 
     def write(rounds: dict[str, list[Round]]) -> None:  # a run stopped early keeps its page
         report(args, device, limit, best_batch, concurrency, requests, rounds, quiet=True)
@@ -269,6 +272,8 @@ class Round:
     """CPU seconds of the load generator processes."""
     server_cpu: float
     """CPU seconds of the server: frontend and workers."""
+    frontend_cpu: float = 0.0
+    """CPU seconds of the frontend alone: one event loop, so near 1 core it sets the pace."""
 
     def cores(self, cpu: float) -> float:
         return cpu / self.seconds
@@ -292,13 +297,14 @@ def measured_rounds(
     server: BenchmarkServer,
     models: dict[str, tuple[list[bytes], str]],
     concurrency: int,
-    requests: int,
+    requests: dict[str, int],
     args: argparse.Namespace,
     on_round: Callable[[dict[str, list[Round]]], None] | None = None,
 ) -> dict[str, list[Round]]:
     """Each model's rounds, in alternating order, after a warm-up; the load split over
     ``args.clients`` fresh processes (one Python client cannot load a GPU server).
-    ``on_round`` gets the rounds so far after each."""
+    ``on_round`` gets the rounds so far after each; ``requests`` gets each model's
+    requests per round, from its warm-up round."""
     clients = max(1, args.clients)
     rounds: dict[str, list[Round]] = {name: [] for name in models}
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -307,11 +313,9 @@ def measured_rounds(
             for name in order:
                 payloads, kind = models[name]
                 url = f"{server.url}/predictions/{name}"
-                # JPEGs are decoded on the CPU, at a fraction of the GPU's rate: a quarter of
-                # the requests keeps their rounds about as long as the raw-pixel ones.
-                measured_requests = requests // 4 if kind == "image/jpeg" else requests
-                share = max(measured_requests, 2 * concurrency) if index else 2 * concurrency
+                share = requests[name] if index else 2 * concurrency
                 server_before, start = _server_cpu(server.pid), time.perf_counter()
+                frontend_before = cpu_seconds(server.pid)
                 futures = [
                     pool.submit(
                         _load_process,
@@ -325,13 +329,16 @@ def measured_rounds(
                 ]
                 client_cpu = [future.result() for future in futures]
                 seconds = time.perf_counter() - start
-                if index == 0:
+                if index == 0:  # at the warm-up's rate, this many requests last round_seconds
+                    rate = clients * (share // clients) / seconds
+                    requests[name] = max(args.requests, int(rate * args.round_seconds))
                     continue
                 measured = Round(
                     clients * (share // clients) / seconds,
                     seconds,
                     sum(client_cpu),
                     _server_cpu(server.pid) - server_before,
+                    cpu_seconds(server.pid) - frontend_before,
                 )
                 rounds[name].append(measured)
             if index:
@@ -348,29 +355,30 @@ def report(
     limit: dict[int, float],
     best_batch: int,
     concurrency: int,
-    requests: int,
+    requests: dict[str, int],
     rounds: dict[str, list[Round]],
     *,
     quiet: bool = False,
 ) -> None:
     """The page; ``quiet`` writes it without printing it (a page of the rounds so far)."""
     best = limit[best_batch]
+    counts = ", ".join(f"{name} {count}" for name, count in requests.items())
     med = {
         name: statistics.median(r.images_per_second for r in runs)
         for name, runs in rounds.items()
         if runs
     }
 
-    def cores(runs: list[Round], server: bool) -> float:
-        return statistics.median(r.cores(r.server_cpu if server else r.client_cpu) for r in runs)
+    def cores(runs: list[Round], side: str) -> float:
+        return statistics.median(r.cores(getattr(r, f"{side}_cpu")) for r in runs)
 
     lines = [
         f"# {args.model} {args.precision} through the server against the offline limit",
         "",
         f"Machine: {machine_description()}. GPU: {gpu_description(device)}.",
-        f"Produced by `benchmarks/gpu_benchmark.py` in one run: {args.rounds} round(s) of "
-        f"{requests} requests per model (at least {args.round_seconds:g} s each at the "
-        f"offline limit's rate; a quarter of that for JPEG inputs, decoded on the CPU), "
+        f"Produced by `benchmarks/gpu_benchmark.py` in one run: {args.rounds} round(s) per "
+        f"model (at least {args.round_seconds:g} s each at the rate of its warm-up round: "
+        f"{counts or 'to come'} requests), "
         f"alternating order; {args.clients} load generator processes; "
         f"{args.workers} worker(s), batch size {best_batch} (the offline best, padded to "
         f"buckets {buckets(best_batch)}), concurrency {concurrency}, `channels_last`, "
@@ -383,13 +391,15 @@ def report(
         *(f"| {batch} | {rate:.0f} |" for batch, rate in limit.items()),
         "",
         "CPU in cores (CPU seconds per second of the round): a server or client column near",
-        f"its core count ({available_cores()} here) means that side, not the GPU, set the pace.",
+        f"its core count ({available_cores()} here), or a frontend column near 1 (one event",
+        "loop), means that side, not the GPU, set the pace.",
         "",
-        "| through the server | median images/s | / offline limit | server CPU | client CPU |",
-        "|---|---|---|---|---|",
+        "| through the server | median images/s | / offline limit | server CPU | "
+        "of it the frontend | client CPU |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {name} | {rate:.0f} | {rate / best:.2f}x | {cores(rounds[name], True):.2f} "
-            f"| {cores(rounds[name], False):.2f} |"
+            f"| {name} | {rate:.0f} | {rate / best:.2f}x | {cores(rounds[name], 'server'):.2f} "
+            f"| {cores(rounds[name], 'frontend'):.2f} | {cores(rounds[name], 'client'):.2f} |"
             for name, rate in med.items()
         ),
         "",
