@@ -127,6 +127,16 @@ class ModelConfig:
         values = {k: v for k, v in overrides.items() if v is not None}
         return ModelConfig(**{**self.__dict__, **values})
 
+    @property
+    def sets_workers(self) -> bool:
+        """TorchServe's rule for who sets a model's workers: the archive's ``minWorkers``
+        and ``maxWorkers`` win over every other source (registration's
+        ``initial_workers``, config.properties' ``models``, ``default_workers_per_model``)
+        when both are given, ``minWorkers`` above 0 and ``maxWorkers`` at least as
+        large; otherwise the other source decides."""
+        low, high = self.min_workers, self.max_workers
+        return low is not None and low > 0 and high is not None and high >= low
+
 
 def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
     """Every key Ferry reads, validated; errors name the key (``source: optimization:
@@ -221,9 +231,15 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     return size
 
 
+WORKER_KEYS = ("minWorkers", "maxWorkers")
+
+
 def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: str) -> ModelConfig:
-    """config.properties' per-version settings win over the archive's model-config.yaml;
-    they are validated by the same rules."""
+    """config.properties' per-version settings win over the archive's model-config.yaml,
+    except its workers where the archive sets them (``ModelConfig.sets_workers``, as in
+    TorchServe); they are validated by the same rules."""
     known = {key: value for key, value in overrides.items() if key in _KNOWN_KEYS}
+    if config.sets_workers:
+        known = {key: value for key, value in known.items() if key not in WORKER_KEYS}
     parsed = parse_model_config(known, source=source)
     return config.merged(**{attr: getattr(parsed, attr) for attr, _ in _KNOWN_KEYS.values()})

@@ -27,6 +27,12 @@ every sequence busy is load, and a new sequence is refused (503) as before. The 
 request of a sequence ended that way is answered ``SequenceEnded``, saying why, and the
 one after starts afresh: never a silent restart on missing state.
 
+A sequence that ended idle and is continued under its name starts again (as in
+TorchServe) on the worker that held it, while that worker lives and has room: its
+handler's state for the sequence, if it keeps any past the end, is there. TorchServe
+hands it to whichever worker asks first, so a handler's state may be split between
+workers (its stateful example answers 1, 2, 4 where 1, 3, 6 was meant).
+
 Where TorchServe leaves a request of an ended sequence waiting forever, Ferry answers it
 ``SequenceEnded``. A sequence lives with its worker's state: when the worker goes (dies,
 is recycled, is scaled away), the sequence ends, its in-flight request answered with the
@@ -117,6 +123,8 @@ class Sequence:
     """The server named it, for a request without an id."""
     requests: int = 0
     """Requests it has taken in (a minted one with 1 was never continued)."""
+    preferred: int | None = None
+    """The lane that held it before it ended idle: the one to adopt it again."""
 
     def idle(self) -> bool:
         """Nothing running and nothing wanted waiting (a request whose client went away
@@ -163,6 +171,9 @@ class SequenceBook:
         self._evicted: OrderedDict[str, str] = OrderedDict()
         """Sequences ended to make room, and why: their next request is told so (a few
         thousand remembered; older ones simply start afresh)."""
+        self._held_by: OrderedDict[str, int] = OrderedDict()
+        """Sequences that ended idle, and the lane that held them: continued, they go
+        back to it (as many remembered as ``_evicted``)."""
         self._watched: set[int] = set()
         """The jobs whose answer ``_answered`` is told (by identity: a job taken twice,
         put back between, is watched once)."""
@@ -197,7 +208,8 @@ class SequenceBook:
                     "holds (maxNumSequence); end one or retry later"
                 )
             minted = job.item.headers.get(SEQUENCE_START_HEADER, "") == "true"
-            sequence = Sequence(sequence_id, now, now, minted=minted)
+            preferred = self._held_by.pop(sequence_id, None)
+            sequence = Sequence(sequence_id, now, now, minted=minted, preferred=preferred)
             self._sequences[sequence_id] = sequence
         elif sequence.last is not None:
             raise SequenceEnded(
@@ -301,10 +313,23 @@ class SequenceBook:
             if room <= 0:
                 break
             adoptable = sequence.owner is None and sequence.running is None
-            if adoptable and sequence.next_job() is not None:
+            if (
+                adoptable
+                and not self._kept_for_another(sequence, lane_id)
+                and sequence.next_job() is not None
+            ):
                 ready.append(sequence)
                 room -= 1
         return ready
+
+    def _kept_for_another(self, sequence: Sequence, lane_id: int) -> bool:
+        """Whether ``sequence`` waits for the lane that held it before it ended idle:
+        another lane than ``lane_id``, still open and with room for it."""
+        preferred = sequence.preferred
+        if preferred is None or preferred == lane_id or preferred not in self._lanes:
+            return False
+        held = sum(1 for s in self._sequences.values() if s.owner == preferred)
+        return held < self.share()
 
     def due(self, lane_id: int, now: float) -> tuple[bool, float | None]:
         """Whether the lane should take a batch now, and else when to look again. Now:
@@ -375,6 +400,10 @@ class SequenceBook:
             expiry = self._expiry(sequence)
             if expiry is not None and now >= expiry:
                 del self._sequences[sequence.sequence_id]
+                if sequence.owner is not None:
+                    self._held_by[sequence.sequence_id] = sequence.owner
+                    while len(self._held_by) > EVICTED_REMEMBERED:
+                        self._held_by.popitem(last=False)
 
     def _expiry(self, sequence: Sequence) -> float | None:
         """When an idle sequence ends (None while it has work)."""

@@ -89,15 +89,18 @@ class Archives:
 
 def as_registered(archive: ModelArchive, request: RegisterRequest) -> ModelArchive:
     """The archive with what ``POST /models`` overrides: its handler, batching, timeouts
-    and initial workers (none unless asked: TorchServe's default for registration)."""
+    and initial workers (none unless asked: TorchServe's default for registration). As in
+    TorchServe, an archive that sets its workers (``minWorkers`` and ``maxWorkers``,
+    ``ModelConfig.sets_workers``) keeps them whatever ``initial_workers`` says."""
     if request.handler:
         manifest = dataclasses.replace(archive.manifest, handler=request.handler)
         archive = dataclasses.replace(archive, manifest=manifest)
+    initial = None if archive.config.sets_workers else request.initial_workers
     config = archive.config.merged(
         batch_size=request.batch_size,
         max_batch_delay_ms=request.max_batch_delay_ms,
         response_timeout=request.response_timeout,
-        min_workers=request.initial_workers,
+        min_workers=initial,
     )
     if config.min_workers is None:
         config = config.merged(min_workers=0)

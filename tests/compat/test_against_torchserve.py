@@ -201,6 +201,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     ]
     # Registered through the management API by the tests, not loaded at start-up.
     ts_style_archive(store, name="second")
+    stateful_archive(store, "stateful_registered")  # minWorkers 2, maxWorkers 2
     pipeline_war(store)
     tensor_war(store)
     (tmp / "ts").mkdir()
@@ -598,6 +599,24 @@ def test_register_and_unregister_answer_the_same(pair: Pair) -> None:
         )
         if method != "GET":  # describe's values differ by nature (see above)
             assert_same(torchserve, ferry)
+
+
+def test_an_archives_worker_pair_wins_over_initial_workers(pair: Pair) -> None:
+    """Issue 50: TorchServe's stateful example (minWorkers 2, maxWorkers 2) registered
+    with ``initial_workers=1``: both start 2 (TorchServe's ApiUtils.handleRegister)."""
+    params = {"url": "stateful_registered.mar", "initial_workers": "1", "synchronous": "true"}
+    registered = _both(pair, "POST", "/models", api="management", params=params)
+    try:
+        assert_same(*registered)
+        described = _both(pair, "GET", "/models/stateful_registered", api="management")
+        counts = []
+        for answer in described:
+            body = answer.json()
+            assert isinstance(body, list), body
+            counts.append(len(body[0]["workers"]))
+        assert counts == [2, 2], counts
+    finally:
+        _both(pair, "DELETE", "/models/stateful_registered", api="management")
 
 
 # -- workflows ---------------------------------------------------------------------------

@@ -46,7 +46,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
             store, "fair", minWorkers=1, maxWorkers=1, batchSize=1, maxNumSequence=2
         ),
     ]
-    with ferry_server(store, models, tmp) as running:
+    # Registered by a test, as in issue 50: TorchServe's example with its 10 ms idle limit.
+    stateful_archive(store, "expiring", sequenceMaxIdleMSec=10)
+    with ferry_server(store, models, tmp, "--enable-model-api") as running:
         yield running
 
 
@@ -193,6 +195,44 @@ def _serving(server: RunningServer, model: str, without: int) -> bool:
     with server.management() as client:
         workers = client.get(f"/models/{model}").json()[0]["workers"]
     return all(w["status"] == "READY" and w["pid"] != without for w in workers)
+
+
+def test_registered_with_one_initial_worker_the_archives_two_start(server: RunningServer) -> None:
+    """TorchServe's rule (ApiUtils.handleRegister): the archive's minWorkers/maxWorkers (2
+    and 2 in its stateful example) win over ``initial_workers=1``."""
+    with server.management() as client:
+        params: dict[str, str | int] = {
+            "url": "expiring.mar",
+            "initial_workers": 1,
+            "synchronous": "true",
+        }
+        registered = client.post("/models", params=params)
+        assert registered.status_code == 200, registered.text
+        workers = client.get("/models/expiring").json()[0]["workers"]
+    assert len(workers) == 2
+
+
+def test_a_sequence_continued_after_it_ended_idle_keeps_its_workers_state(
+    server: RunningServer,
+) -> None:
+    """Issue 50: requests further apart than ``sequenceMaxIdleMSec`` (10 ms). Each time
+    the sequence has ended, and the next request starts it again on the worker that held
+    it, whose handler still has the running total: 1, 3, 6 (TorchServe hands it to
+    whichever worker asks first: 1, 2, 4 in the issue's run; the README's table)."""
+    with server.management() as client:
+        if client.get("/models/expiring").status_code == 404:
+            params: dict[str, str | int] = {"url": "expiring.mar", "initial_workers": 2}
+            assert client.post("/models", params=params).status_code == 200
+    answers, pids = [], set()
+    with server.client() as client:
+        for number in (1, 2, 3):
+            response = _add(client, number, "idle-gaps", "expiring")
+            assert response.status_code == 200, response.text
+            answers.append(response.text)
+            pids.add(response.headers["x-worker-pid"])
+            wait_until("the sequence ended idle", lambda: _open_sequences(server, "expiring") == 0)
+    assert answers == ["1", "3", "6"]
+    assert len(pids) == 1
 
 
 def test_describe_reports_the_sequence_settings(server: RunningServer) -> None:

@@ -246,6 +246,35 @@ def test_per_model_overrides_go_through_the_same_rules() -> None:
         apply_overrides(base, {"responseTimeout": float("nan")}, source="models[m][1]")
 
 
+@pytest.mark.parametrize(
+    ("document", "sets"),
+    [
+        ({"minWorkers": 2, "maxWorkers": 2}, True),
+        ({"minWorkers": 1, "maxWorkers": 4}, True),
+        ({"minWorkers": 2}, False),  # TorchServe needs maxWorkers too
+        ({"minWorkers": 3, "maxWorkers": 2}, False),
+        ({"minWorkers": 0, "maxWorkers": 2}, False),
+        ({}, False),
+    ],
+)
+def test_the_archive_sets_its_workers_by_torchserves_rule(
+    document: dict[str, int], sets: bool
+) -> None:
+    assert parse_model_config(document, source="t").sets_workers is sets
+
+
+def test_the_models_json_does_not_override_workers_the_archive_sets() -> None:
+    """TorchServe's ModelServer: an archive's valid minWorkers/maxWorkers pair wins over
+    config.properties' models JSON; its other keys still win over the archive's."""
+    archive = parse_model_config({"minWorkers": 2, "maxWorkers": 2, "batchSize": 1}, source="t")
+    overrides = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 4}
+    config = apply_overrides(archive, overrides, source="models[m][1]")
+    assert (config.min_workers, config.max_workers, config.batch_size) == (2, 2, 4)
+    lone = parse_model_config({"minWorkers": 2}, source="t")
+    config = apply_overrides(lone, overrides, source="models[m][1]")
+    assert (config.min_workers, config.max_workers) == (1, 1)
+
+
 def test_a_subclass_section_is_read_for_the_shared_keys_only() -> None:
     section = handler_section({"my_vision": {"resize": 32, "crop": 32, "extra": 1}}, "my_vision")
     assert section == ImageTransformConfig(resize=32, crop=32)

@@ -20,6 +20,7 @@ from ferry.handlers.contract.context import (
 from ferry.scheduling.jobs import Job, Prediction
 from ferry.scheduling.sequences import (
     SequenceBook,
+    SequenceLane,
     SequenceSettings,
     asks_to_end,
     ended_by,
@@ -474,6 +475,84 @@ def test_an_idle_sequence_expires_after_max_idle() -> None:
         book.expire()
         assert book.open_sequences == 0
         assert book.due(lane.lane_id, clock.now) == (False, None)
+
+    run(scenario)
+
+
+async def _held_by_lane_b_then_idle(
+    book: SequenceBook, clock: Clock
+) -> tuple[SequenceLane, SequenceLane]:
+    """Sequence s1 adopted by lane B, answered, then ended idle."""
+    lane_a, lane_b = book.lane(), book.lane()
+    first = make_job("first")
+    book.add(first, "s1")
+    assert lane_b.take_ready() == [first]
+    answer(first)
+    await settle()
+    clock.now = 20.0  # past max_idle (10 s)
+    book.expire()
+    assert book.open_sequences == 0
+    return lane_a, lane_b
+
+
+def test_a_sequence_continued_after_it_ended_idle_goes_back_to_its_lane() -> None:
+    """TorchServe's stateful example with two workers: its handler keeps the running total
+    per sequence; handed to the other worker, the total would start from 0 there."""
+
+    async def scenario() -> None:
+        clock = Clock(0.0)
+        book = make_book(clock, max_sequences=4)
+        lane_a, lane_b = await _held_by_lane_b_then_idle(book, clock)
+        again = make_job("again")
+        book.add(again, "s1")
+        assert lane_a.take_ready() is None  # kept for lane B, which has room
+        assert lane_b.take_ready() == [again]
+        # Not remembered twice: once adopted again, its preference is spent.
+        other = make_job("other")
+        book.add(other, "s2")
+        assert lane_a.take_ready() == [other]
+
+    run(scenario)
+
+
+def test_a_sequence_ended_idle_goes_elsewhere_when_its_lane_is_gone_or_full() -> None:
+    async def scenario() -> None:
+        clock = Clock(0.0)
+        book = make_book(clock, max_sequences=4)
+        lane_a, lane_b = await _held_by_lane_b_then_idle(book, clock)
+        lane_b.close()
+        again = make_job("again")
+        book.add(again, "s1")
+        assert lane_a.take_ready() == [again]  # lane B is gone
+
+        clock2 = Clock(0.0)
+        book2 = make_book(clock2, max_sequences=2)  # a share of 1 per lane
+        lane_c, lane_d = await _held_by_lane_b_then_idle(book2, clock2)
+        busy = make_job("busy")
+        book2.add(busy, "s9")
+        assert lane_d.take_ready() == [busy]  # lane D's one slot is taken
+        back = make_job("back")
+        book2.add(back, "s1")
+        assert lane_c.take_ready() == [back]
+
+    run(scenario)
+
+
+def test_a_sequence_ended_otherwise_has_no_lane_to_go_back_to() -> None:
+    """Only an idle end remembers the lane: the handler or the client ended it."""
+
+    async def scenario() -> None:
+        book = make_book(Clock(0.0), max_sequences=4)
+        lane_a, lane_b = book.lane(), book.lane()
+        first = make_job("first")
+        book.add(first, "s1")
+        assert lane_b.take_ready() == [first]
+        answer(first, {SEQUENCE_END_HEADER: "s1"})
+        await settle()
+        assert book.open_sequences == 0
+        again = make_job("again")
+        book.add(again, "s1")
+        assert lane_a.take_ready() == [again]
 
     run(scenario)
 
