@@ -49,6 +49,7 @@ OPTIONAL_MODULES = {
     "pynvml",  # nvidia-ml-py
     "uvloop",  # with uvicorn[standard], but not on every platform
     "watchfiles",
+    "nvidia",  # nvidia.dali: TorchServe's DALI handlers, where the user installed DALI
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 

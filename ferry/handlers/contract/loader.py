@@ -31,6 +31,7 @@ BUILTIN_HANDLERS = {
     "object_detector": "ferry.handlers.builtin.vision_tasks",
     "image_embedder": "ferry.handlers.builtin.vision_tasks",
     "text_classifier": "ferry.handlers.builtin.text_classifier",
+    "dali_image_classifier": "ferry.handlers.torchserve.dali",
 }
 _BUILTIN_CLASSES = {
     "base_handler": "BaseHandler",
@@ -40,6 +41,7 @@ _BUILTIN_CLASSES = {
     "object_detector": "ObjectDetector",
     "image_embedder": "ImageEmbedder",
     "text_classifier": "TextClassifier",
+    "dali_image_classifier": "DALIImageClassifier",
 }
 
 

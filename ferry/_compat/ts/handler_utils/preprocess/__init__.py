@@ -1,0 +1,1 @@
+"""TorchServe compatibility: ``ts.handler_utils.preprocess``."""
