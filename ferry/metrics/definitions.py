@@ -16,7 +16,15 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 
 from ferry.metrics.gpu import GpuReading
-from ferry.metrics.prometheus import Child, Family, Gauge, label_name, metric_name, render
+from ferry.metrics.prometheus import (
+    Child,
+    Counter,
+    Family,
+    Gauge,
+    label_name,
+    metric_name,
+    render,
+)
 from ferry.procinfo import cpu_jiffies, cpu_seconds, memory_bytes, resident_bytes
 
 LATENCY_BUCKETS = tuple(float(f"{10 ** (exponent / 6 - 4):.3g}") for exponent in range(34))
@@ -33,15 +41,37 @@ MB, GB = 2**20, 2**30
 log = logging.getLogger("ferry.metrics")
 
 
-def _handler_labels(dimensions: Sequence[str]) -> tuple[str, ...]:
-    """Ferry's labels, then each dimension as a valid label name that repeats none."""
-    labels = [*MODEL, "unit"]
+TS_HISTOGRAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+"""The buckets of TorchServe's handler histograms (its Java Prometheus client's defaults),
+so a query of ``le="2.5"`` finds the same bucket on both servers."""
+HANDLER_KINDS = ("counter", "gauge", "histogram")
+
+
+def _handler_labels(dimensions: Sequence[str], kind: str) -> tuple[str, ...]:
+    """TorchServe's labels of a handler metric: each dimension as a valid label name that
+    repeats none, then ``Hostname`` (a dimension of that name, or a histogram's ``le``,
+    becomes ``dim_...``)."""
+    reserved = {"Hostname", "le"} if kind == "histogram" else {"Hostname"}
+    labels: list[str] = []
     for dimension in dimensions:
         label = label_name(dimension)
-        while label in labels:
+        while label in labels or label in reserved:
             label = f"dim_{label}"
         labels.append(label)
-    return tuple(labels)
+    return (*labels, "Hostname")
+
+
+def _record(child: Child, value: float) -> None:
+    """``value`` into a handler series as its family's type takes it (as TorchServe, whose
+    metric keeps the type it was first declared or recorded with): counters add up (never
+    down), gauges keep the latest value, histograms observe it."""
+    if isinstance(child, Counter):
+        if value >= 0:
+            child.inc(value)
+    elif isinstance(child, Gauge):
+        child.set(value)
+    else:
+        child.observe(value)
 
 
 class FerryMetrics:
@@ -221,6 +251,9 @@ class FerryMetrics:
         )
         self.torchserve = self._torchserve_families()
         self.handler_metrics: dict[str, Family] = {}
+        # Which model versions write each handler series: it has no model label, so two
+        # models can share one, and unloading one leaves it to the other.
+        self._handler_owners: dict[tuple[str, tuple[str, ...]], set[tuple[str, str]]] = {}
         self._refused: set[str] = set()
         self._full: set[str] = set()  # handler metrics warned about at max_handler_series
         self._cpu_before = (0, 0)
@@ -298,24 +331,30 @@ class FerryMetrics:
     def families(self) -> list[Family]:
         return [*self._own_families(), *self.handler_metrics.values()]
 
-    def handler_family(self, name: str, kind: str, dimensions: Sequence[str]) -> Family | None:
-        """The family for a handler's metric, its name and labels made valid. A name that
-        would collide with Ferry's own metrics gets ``handler_`` in front; a metric seen
-        before with other dimensions is refused (None), once with a warning."""
+    def handler_family(
+        self, name: str, kind: str, dimensions: Sequence[str], unit: str = ""
+    ) -> Family | None:
+        """The family for a handler's metric, its name and labels made valid: TorchServe's
+        type (``counter``, ``gauge`` or ``histogram``; anything else a gauge) and labels
+        (its dimensions and ``Hostname``), both fixed by the metric's first value. A name
+        that would collide with Ferry's own metrics gets ``handler_`` in front; a metric
+        seen before with other dimensions is refused (None), once with a warning."""
         metric = metric_name(name)
         if metric in self._reserved_names():
             metric = f"handler_{metric}"
-        labels = _handler_labels(dimensions)
         family = self.handler_metrics.get(metric)
         if family is None:
+            kind = kind if kind in HANDLER_KINDS else "gauge"
             family = Family(
                 metric,
-                f"Handler metric {name}.",
-                "counter" if kind == "counter" else "gauge",
-                labels,
+                f"Handler {kind} metric {name}, unit: {unit}.",
+                kind,
+                _handler_labels(dimensions, kind),
+                TS_HISTOGRAM_BUCKETS if kind == "histogram" else (),
+                java_style=True,
             )
             self.handler_metrics[metric] = family
-        elif family.label_names != labels:
+        elif family.label_names != _handler_labels(dimensions, family.kind):
             if metric not in self._refused:
                 self._refused.add(metric)
                 log.warning(
@@ -323,28 +362,32 @@ class FerryMetrics:
                     "values with these dimensions are dropped",
                     name,
                     list(dimensions),
-                    list(family.label_names[len(MODEL) + 1 :]),
+                    list(family.label_names[:-1]),
                 )
             return None
         return family
 
-    def handler_series(self, family: Family, values: tuple[str, ...]) -> Child | None:
-        """The series of a handler's metric for ``values`` (the model's labels first); None,
-        counted and warned about once per metric, for a new one beyond max_handler_series.
+    def handler_series(
+        self, family: Family, values: tuple[str, ...], owner: tuple[str, str]
+    ) -> Child | None:
+        """The series of a handler's metric for ``values`` (``Hostname``'s last), written by
+        the model version ``owner``; None, counted and warned about once per metric, for a
+        new one beyond max_handler_series.
 
         The cap is per metric: one flooded metric loses only its own new series."""
-        if values in family.children or len(family.children) < self.max_handler_series:
-            return family.labels(*values)
-        self.handler_values_dropped.counter(*values[: len(MODEL)], "series_limit").inc()
-        if family.name not in self._full:
-            self._full.add(family.name)
-            log.warning(
-                "handler metric %s: %d series (max_handler_metric_series); values with "
-                "new dimension values are dropped (ferry_handler_metric_values_dropped_total)",
-                family.name,
-                len(family.children),
-            )
-        return None
+        if values not in family.children and len(family.children) >= self.max_handler_series:
+            self.handler_values_dropped.counter(*owner, "series_limit").inc()
+            if family.name not in self._full:
+                self._full.add(family.name)
+                log.warning(
+                    "handler metric %s: %d series (max_handler_metric_series); values with "
+                    "new dimension values are dropped (ferry_handler_metric_values_dropped_total)",
+                    family.name,
+                    len(family.children),
+                )
+            return None
+        self._handler_owners.setdefault((family.name, values), set()).add(owner)
+        return family.labels(*values)
 
     def _reserved_names(self) -> set[str]:
         names = set()
@@ -358,11 +401,18 @@ class FerryMetrics:
         return ModelMetrics(self, name, version)
 
     def forget_model(self, name: str, version: str) -> None:
-        for family in self.families():
+        """Drop an unloaded version's series: those labelled with it, TorchServe's of its
+        name, and the handler series no other loaded version writes."""
+        for family in self._own_families():
             if family.label_names[:2] == MODEL:
                 family.remove_matching((name, version))
             elif family.label_names[:1] == ("ModelName",):  # TorchServe's: no version label
                 family.remove_matching((name,))
+        for (metric, values), owners in list(self._handler_owners.items()):
+            owners.discard((name, version))
+            if not owners:
+                del self._handler_owners[(metric, values)]
+                self.handler_metrics[metric].children.pop(values, None)
 
     def response_recorder(self, api: str) -> Callable[[int], None]:
         """Counts one API's responses by status class (does nothing when disabled)."""
@@ -554,8 +604,8 @@ class ModelMetrics:
     def handler_metric(
         self, name: str, value: float, unit: str, kind: str, dimensions: dict[str, str]
     ) -> None:
-        """A value a handler recorded through ``context.metrics``: counters add up, the
-        rest keep their latest value."""
+        """A value a handler recorded through ``context.metrics``, into TorchServe's series
+        of it (see ``FerryMetrics.handler_family``)."""
         if not self.enabled:
             return
         if name == "HandlerTime" and set(dimensions) <= {"ModelName", "Level"}:
@@ -565,18 +615,16 @@ class ModelMetrics:
         key = (name, unit, dims, tuple(dimensions[d] for d in dims))
         child = self._handler_children.get(key)
         if child is None:
-            family = self.metrics.handler_family(name, kind, dims)
+            family = self.metrics.handler_family(name, kind, dims, unit)
             if family is None:
                 self.metrics.handler_values_dropped.counter(*self.labels, "dimensions").inc()
                 return
-            child = self.metrics.handler_series(family, (*self.labels, unit, *key[3]))
+            values = (*key[3], self.metrics.hostname)
+            child = self.metrics.handler_series(family, values, self.labels)
             if child is None:
                 return
             self._handler_children[key] = child
-        if kind == "counter":
-            child.value += value  # type: ignore[union-attr]
-        else:
-            child.value = value  # type: ignore[union-attr]
+        _record(child, value)
 
     def set_queue_and_workers(self, depth: int, states: dict[str, int]) -> None:
         self.metrics.queue_depth.gauge(*self.labels).set(depth)

@@ -139,23 +139,32 @@ class Family:
             del self.children[key]
 
     def render(self) -> Iterator[str]:
-        yield f"# HELP {self.name} {self.help}"
+        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
+        yield f"# HELP {self.name} {help_text}"
         yield f"# TYPE {self.name} {self.kind}"
+        java = self.java_style
         for values, child in sorted(self.children.items()):
             if isinstance(child, Histogram):
-                cumulative = 0
-                bounds = [*child.buckets, math.inf]
-                for bound, count in zip(bounds, child.counts, strict=True):
-                    cumulative += count
-                    le = f'le="{_number(bound)}"'
-                    yield f"{self.name}_bucket{_labels(self.label_names, values, le)} {cumulative}"
-                labels = _labels(self.label_names, values)
-                yield f"{self.name}_sum{labels} {_number(child.sum)}"
-                yield f"{self.name}_count{labels} {cumulative}"
+                yield from self._histogram(values, child)
             else:
-                java = self.java_style
                 labels = _labels(self.label_names, values, java=java)
                 yield f"{self.name}{labels} {_number(child.value, java=java)}"
+
+    def _histogram(self, values: tuple[str, ...], child: Histogram) -> Iterator[str]:
+        # Java-style bounds are doubles (le="1.0"): the label's value is text to Prometheus,
+        # so a dashboard's le="1.0" would not find le="1".
+        java = self.java_style
+        cumulative = 0
+        bounds = [*child.buckets, math.inf]
+        for bound, count in zip(bounds, child.counts, strict=True):
+            cumulative += count
+            le = f'le="{_number(bound, java=java)}"'
+            labels = _labels(self.label_names, values, le, java=java)
+            yield f"{self.name}_bucket{labels} {_number(cumulative, java=java)}"
+        labels = _labels(self.label_names, values, java=java)
+        totals = [("_count", float(cumulative)), ("_sum", child.sum)]
+        for suffix, total in totals if java else totals[::-1]:  # Java writes _count first
+            yield f"{self.name}{suffix}{labels} {_number(total, java=java)}"
 
 
 def render(families: Sequence[Family]) -> str:

@@ -49,9 +49,12 @@ def test_metrics_move_with_requests(main_server: RunningServer) -> None:
     assert _value(after, "ferry_workers", state="ready", **model) == 1
     assert _value(after, "ferry_process_resident_memory_bytes", process="frontend") > 0
     assert _value(after, "ferry_process_cpu_seconds_total", process="digest/1.0/w0") > 0
-    # The handler's own metric, recorded through context.metrics.
-    served = _value(after, "DigestsServed", kind="digest", unit="count", **model)
-    assert served >= _value(before, "DigestsServed", kind="digest", unit="count", **model) + 5
+    # The handler's own metric, recorded through context.metrics, with TorchServe's labels:
+    # its dimensions (add_counter's defaults among them), then Hostname.
+    digest = {"kind": "digest", "ModelName": "digest", "Level": "Model"}
+    served = _value(after, "DigestsServed", **digest)
+    assert served >= _value(before, "DigestsServed", **digest) + 5
+    assert 'DigestsServed{Level="Model",ModelName="digest",kind="digest",Hostname="' in after
 
 
 def test_stage_metrics_for_base_handler_models(main_server: RunningServer) -> None:

@@ -1,10 +1,12 @@
 """TorchServe's custom_metrics example on Ferry: with its config.properties naming a
 metrics.yaml (``metrics_config``), its handler's calls answer 200 and its eight metrics
-reach the metrics page with their declared units and dimensions (issue 31)."""
+reach the metrics page with their declared units and dimensions (issue 31), typed and
+labelled as TorchServe's prometheus mode shows them (issue 50)."""
 
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +17,8 @@ from tests.fixtures.server import RunningServer, ferry_server
 from tests.fixtures.vision_compat import digit_png
 from tests.unit.test_prometheus import assert_parseable
 
-MODEL = {"model_name": "mnist", "model_version": "1.0"}
-TS_MODEL = {"ModelName": "mnist", "Level": "Model"}
+HOST = {"Hostname": socket.gethostname()}
+TS_MODEL = {"ModelName": "mnist", "Level": "Model", **HOST}
 REQUESTS = 3
 
 
@@ -66,43 +68,35 @@ def test_the_eight_metrics_with_their_units_and_dimensions(
     _, text = served
     assert_parseable(text)
     # Declared with no dimensions, recorded through add_metric_to_cache's metric.
-    assert _only(text, "InferenceRequestCount", "counter") == (
-        {**MODEL, "unit": "count"},
-        REQUESTS,
-    )
+    assert _only(text, "InferenceRequestCount", "counter") == (HOST, REQUESTS)
     # add_metric in initialize: the default dimensions; one worker, loaded once.
-    assert _only(text, "InitializeCallCount", "counter") == (
-        {**MODEL, "unit": "count", **TS_MODEL},
-        1,
-    )
+    assert _only(text, "InitializeCallCount", "counter") == (TS_MODEL, 1)
     # Fetched with get_metric, its one dimension given by add_or_update.
     assert _only(text, "PreprocessCallCount", "counter") == (
-        {**MODEL, "unit": "count", "ModelName": "mnist"},
+        {"ModelName": "mnist", **HOST},
         REQUESTS,
     )
     # Declared in metrics.yaml only: the call that answered 500 before.
-    assert _only(text, "RequestBatchSize", "gauge") == (
-        {**MODEL, "unit": "count", "ModelName": "mnist"},
-        1,
-    )
+    assert _only(text, "RequestBatchSize", "gauge") == ({"ModelName": "mnist", **HOST}, 1)
     # add_size of a declared metric: its declared dimensions, the last image's size.
     labels, size = _only(text, "SizeOfImage", "gauge")
-    assert labels == {**MODEL, "unit": "kB", **TS_MODEL}
+    assert labels == TS_MODEL
     assert size == pytest.approx(len(digit_png(REQUESTS - 1)) / 1024)
     # add_counter of a declared metric: the declared unit, not add_counter's "count".
-    assert _only(text, "PostprocessCallCount", "counter") == (
-        {**MODEL, "unit": "CallCount", **TS_MODEL},
-        REQUESTS,
+    assert _only(text, "PostprocessCallCount", "counter") == (TS_MODEL, REQUESTS)
+    assert "# HELP PostprocessCallCount Handler counter metric PostprocessCallCount, unit: " in (
+        text
     )
+    assert "unit: CallCount." in text
     # Not declared: made by the first call, its dimension then the default ones.
     labels, took_ms = _only(text, "HandlerMethodTime", "gauge")
-    assert labels == {**MODEL, "unit": "ms", "MethodName": "preprocess", **TS_MODEL}
+    assert labels == {"MethodName": "preprocess", **TS_MODEL}
     assert 0 < took_ms < 60_000
-    # A histogram in TorchServe; Ferry keeps a non-counter's latest value.
-    assert _only(text, "ExamplePercentMetric", "gauge") == (
-        {**MODEL, "unit": "percent", **TS_MODEL},
-        50,
-    )
+    # A histogram, as in TorchServe: every request's 50 observed.
+    assert "# TYPE ExamplePercentMetric histogram" in text
+    assert _samples(text, "ExamplePercentMetric_count") == [(TS_MODEL, REQUESTS)]
+    assert _samples(text, "ExamplePercentMetric_sum") == [(TS_MODEL, 50 * REQUESTS)]
+    assert len(_samples(text, "ExamplePercentMetric_bucket")) == 15
 
 
 def test_nothing_was_dropped_and_torchserve_names_stay(served: tuple[RunningServer, str]) -> None:

@@ -16,8 +16,6 @@ from tests.fixtures.models import DOUBLING_MODEL, HANDLERS, Doubler, write_confi
 from tests.fixtures.server import RunningServer, ferry_server
 from tests.integration.test_metrics import _value
 
-MODEL = {"model_name": "metered", "model_version": "1.0"}
-
 
 def _archive(store: Path, name: str, handler_file: str, **config: object) -> str:
     """``handler_file`` (one of the handler fixtures) over the eager Doubler model."""
@@ -97,14 +95,13 @@ def test_custom_metrics_reach_the_metrics_page(surface_server: RunningServer) ->
     text = surface_server.metrics()
 
     def grew(name: str, by: float, **labels: str) -> bool:
-        return _value(text, name, **MODEL, **labels) >= _value(before, name, **MODEL, **labels) + by
+        return _value(text, name, **labels) >= _value(before, name, **labels) + by
 
-    assert grew("BatchRows", 3, stage="preprocess", unit="count")
-    assert grew("RowsSeen", 3, source="request", unit="count")
-    assert _value(text, "LastBatchSize", unit="count", **MODEL) >= 1
-    assert 'RowsSeen{model_name="metered",model_version="1.0",unit="count",source="cache"}' in (
-        text
-    )
+    # TorchServe's labels: the metric's dimensions, then Hostname (no model or unit label).
+    assert grew("BatchRows", 3, stage="preprocess", ModelName="metered", Level="Model")
+    assert grew("RowsSeen", 3, source="request")
+    assert _value(text, "LastBatchSize", ModelName="metered", Level="Model") >= 1
+    assert 'RowsSeen{source="cache",Hostname="' in text
     for stage in ("preprocess", "inference", "postprocess"):  # @timed, in ms
         assert f"# TYPE {stage} gauge" in text or f"# TYPE handler_{stage} gauge" in text
-    assert 'unit="ms"' in text
+    assert "unit: ms." in text  # the unit is in the family's help, as TorchServe's

@@ -35,11 +35,9 @@ def test_series_beyond_the_limit_are_dropped_counted_and_warned_about_once(
     text = metrics.exposition()
     assert_parseable(text)
     assert len(_samples(text, "ByUser")) == 100
-    assert 'ByUser{model_name="m",model_version="1.0",unit="count",user="u0"} 2' in text
+    assert 'ByUser{user="u0",Hostname="h",} 2.0' in text
     assert 'user="u100"' not in text
-    assert _samples(text, "Other") == [
-        'Other{model_name="m",model_version="1.0",unit="ms",d="x"} 2'
-    ]
+    assert _samples(text, "Other") == ['Other{d="x",Hostname="h",} 2.0']
     dropped = f'{DROPPED}{{model_name="m",model_version="1.0",reason="series_limit"}} 150'
     assert dropped in text
     warnings = [r.getMessage() for r in caplog.records if "max_handler_metric_series" in r.msg]
@@ -54,16 +52,14 @@ def test_the_limit_is_per_metric_across_models_and_freed_by_unloading() -> None:
     first, second = metrics.for_model("a", "1"), metrics.for_model("b", "1")
     first.handler_metric("Hits", 1, "count", "counter", {"k": "1"})
     first.handler_metric("Hits", 1, "count", "counter", {"k": "2"})
-    second.handler_metric("Hits", 1, "count", "counter", {"k": "1"})  # dropped: full
+    second.handler_metric("Hits", 1, "count", "counter", {"k": "3"})  # dropped: full
     assert len(_samples(metrics.exposition(), "Hits")) == 2
     assert f'{DROPPED}{{model_name="b",model_version="1",reason="series_limit"}} 1' in (
         metrics.exposition()
     )
     metrics.forget_model("a", "1")
-    second.handler_metric("Hits", 1, "count", "counter", {"k": "1"})
-    assert _samples(metrics.exposition(), "Hits") == [
-        'Hits{model_name="b",model_version="1",unit="count",k="1"} 1'
-    ]
+    second.handler_metric("Hits", 1, "count", "counter", {"k": "3"})
+    assert _samples(metrics.exposition(), "Hits") == ['Hits{k="3",Hostname="h",} 1.0']
 
 
 def test_values_with_other_dimensions_are_counted_as_dropped_too() -> None:

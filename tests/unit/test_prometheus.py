@@ -42,9 +42,11 @@ def test_model_metrics_and_forgetting_a_model() -> None:
         'ts_queue_latency_microseconds{model_name="m",model_version="1.0",hostname="host"} 500'
         in text
     )
-    assert 'Custom_Thing{model_name="m",model_version="1.0",unit="count",d="v"} 7' in text
+    assert 'Custom_Thing{d="v",Hostname="host",} 7.0' in text
     metrics.forget_model("m", "1.0")
-    assert 'model_name="m"' not in metrics.exposition()
+    text = metrics.exposition()
+    assert 'model_name="m"' not in text
+    assert "Custom_Thing{" not in text
 
 
 def test_disabled_metrics_record_nothing() -> None:
@@ -138,13 +140,17 @@ def test_handler_metrics_cannot_break_the_scrape() -> None:
     model.handler_metric("dims", 5, "ms", "gauge", {"other": "dimension set"})  # refused
     text = metrics.exposition()
     assert_parseable(text)
-    assert 'handler_ts_inference_requests_total{model_name="m"' in text
+    assert 'handler_ts_inference_requests_total{Hostname="host",}' in text
     assert "handler_ferry_batch_size_bucket{" in text
-    assert '_1bad_name{model_name="m",model_version="1.0",unit="ms",x__name="y",bad_label="x"}' in (
-        text
-    )
-    assert 'dim_model_name="clash"' in text and '_1d="z"' in text
+    assert '_1bad_name{x__name="y",bad_label="x",Hostname="host",}' in text
+    assert '_1d="z",model_name="clash",Hostname="host"' in text
     assert "dimension set" not in text
+    model.handler_metric("hosted", 1, "ms", "gauge", {"Hostname": "theirs"})
+    model.handler_metric("ranged", 1, "ms", "histogram", {"le": "theirs"})
+    text = metrics.exposition()
+    assert_parseable(text)
+    assert 'hosted{dim_Hostname="theirs",Hostname="host",} 1.0' in text
+    assert 'ranged_count{dim_le="theirs",Hostname="host",} 1.0' in text
 
 
 def _type(text: str, name: str) -> str:
@@ -205,7 +211,7 @@ def test_a_handlers_handler_time_is_torchserves_not_a_second_family() -> None:
     text = metrics.exposition()
     assert_parseable(text)
     assert 'HandlerTime{ModelName="m",Level="Model",Hostname="host",} 8.5\n' in text
-    assert 'handler_HandlerTime{model_name="m",model_version="1.0",unit="ms",Extra="x"} 2' in text
+    assert 'handler_HandlerTime{Extra="x",Hostname="host",} 2.0' in text
     assert "handler_PredictionTime{" in text
 
 

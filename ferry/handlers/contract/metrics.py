@@ -18,9 +18,9 @@ TorchServe's rules, kept here:
 - A value whose dimension values do not match the metric's dimension names in number, or
   a negative counter value, is logged as an error and dropped; the handler goes on.
 
-The worker collects the recorded values; the frontend's metrics endpoint exposes them:
-counters add up, every other type (gauges, times, sizes, percents, histograms) keeps its
-latest value.
+The worker collects the recorded values; the frontend's metrics endpoint exposes them with
+TorchServe's types and labels (``ferry.metrics.definitions``): counters add up, gauges
+(times, sizes and percents by default) keep the latest value, histograms observe each.
 """
 
 from __future__ import annotations
