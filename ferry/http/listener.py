@@ -229,13 +229,22 @@ class HttpListener:
             self._remove_socket_file()
 
 
+def key_hint(api: str, settings: ServerSettings) -> str:
+    """Where a client finds the key: the key file's entry (by its absolute path, since
+    it lies in the server's working folder), unless the configuration sets the key."""
+    source = settings.management_key if api == "management" else settings.inference_key
+    if source:
+        return f"the {api} key set in the server's configuration"
+    return f"the {api!r} key of the key file {settings.key_file.resolve()}"
+
+
 def inference_listener(
     address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
 ) -> HttpListener:
     """TorchServe's inference API; it needs the inference key only beyond loopback."""
     app: ASGIApp = inference_app(apis.service, apis.workflows)
     if keys is not None and not address.is_loopback:
-        app = TokenAuth(app, keys.inference)
+        app = TokenAuth(app, keys.inference, key_hint("inference", settings))
     return HttpListener(app, address, settings, lambda: apis.service.draining)
 
 
@@ -244,7 +253,7 @@ def management_listener(
 ) -> HttpListener:
     app: ASGIApp = management_app(apis.service, apis.workflows)
     if keys is not None:
-        app = TokenAuth(app, keys.management)
+        app = TokenAuth(app, keys.management, key_hint("management", settings))
     return HttpListener(app, address, settings, lambda: apis.service.draining)
 
 

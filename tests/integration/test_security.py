@@ -32,6 +32,13 @@ def test_management_needs_the_key_and_inference_on_loopback_does_not(
             refused = api.get("/models")
             assert refused.status_code == 401
             assert refused.json()["type"] == "InvalidKeyException"
+            # Issue 51: the message says where the key is (the server's working folder).
+            assert f"'management' key of the key file {key_file.resolve()}" in refused.text
+            # The interactive page opens in a browser, which sends no key; what it calls
+            # still needs one.
+            page = api.get("/docs")
+            assert page.status_code == 200 and "<html" in page.text.lower()
+            assert api.get("/api-description").status_code == 401
             wrong = api.get("/models", headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 401
             good = {"Authorization": f"Bearer {keys['management']['key']}"}
