@@ -63,6 +63,7 @@ from ferry.logs import SystemMetricsLines
 from ferry.metrics.gpu import read_gpus
 from ferry.security import ApiKeys, KeyPlan, plan_keys
 from ferry.service import FerryService
+from ferry.service.status import ModelStatus
 
 log = logging.getLogger("ferry")
 
@@ -125,6 +126,14 @@ def _grpc_enabled(settings: ServerSettings) -> bool:
             f"{ferry_grpc.INSTALL_HINT} (or remove the grpc settings)"
         )
     return False
+
+
+def _grpc_off_note(settings: ServerSettings) -> str | None:
+    """Why the gRPC APIs are off though nothing switched them off (grpcio is missing): a
+    log line, so a user who expected ports 7070/7071 learns why they are closed."""
+    if settings.enable_grpc is not False and not ferry_grpc.available():
+        return f"gRPC APIs off: grpcio is not installed ({ferry_grpc.INSTALL_HINT})"
+    return None
 
 
 def _grpc_inference(
@@ -200,6 +209,8 @@ async def run_server(settings: ServerSettings) -> int:
             log.warning("start-up interrupted")
             return 1
         keys = _plan_keys(settings)
+        if (note := _grpc_off_note(settings)) is not None:
+            log.info("%s", note)
         built = [
             (spec, spec.build(spec.address(settings), apis, settings, _keys(keys)))
             for spec in LISTENERS
@@ -363,14 +374,22 @@ async def _load_models(service: FerryService, stop: _StopSignals) -> bool:
 
 def _log_models(service: FerryService) -> None:
     for model in service.all_statuses():
-        devices = sorted({worker.device for worker in model.workers if worker.device})
-        log.info(
-            "model %s v%s: %d workers on %s",
-            model.name,
-            model.version,
-            model.min_workers,
-            ", ".join(devices or ["none"]),
-        )
+        log.info("model %s v%s: %s", model.name, model.version, workers_summary(model))
+
+
+def workers_summary(model: ModelStatus) -> str:
+    """``2 workers ready on cpu``; a model short of workers says how many are ready and,
+    if one failed, why (not "1 workers on none")."""
+    ready = [worker for worker in model.workers if worker.status == "READY"]
+    devices = ", ".join(sorted({worker.device for worker in ready if worker.device}))
+    noun = "worker" if model.min_workers == 1 else "workers"
+    if len(ready) == model.min_workers:
+        where = f" on {devices}" if devices else ""
+        return f"{model.min_workers} {noun} ready{where}"
+    summary = f"{len(ready)} of {model.min_workers} {noun} ready"
+    if model.last_error:
+        summary += f"; last failure: {model.last_error}"
+    return summary
 
 
 def _log_writes(service: FerryService, settings: ServerSettings, keys: KeyPlan | None) -> None:

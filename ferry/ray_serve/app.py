@@ -51,6 +51,8 @@ from ferry.store.archive import ModelArchive
 from ferry.store.workdir import open_work_dir
 
 log = logging.getLogger("ferry")
+RAY_COLOUR_VARIABLE = "RAY_COLOR_PREFIX"
+"""Ray's switch for the colour codes around relayed worker lines (``0``: none)."""
 
 CONTROLLER_ENVIRONMENT = {
     "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
@@ -151,6 +153,9 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
     inference_key = keys.keys.inference if keys and not inference.is_loopback else None
     # A Ray this process starts is shut down with it; a cluster it joins is left running.
     started_here = address is None and not os.environ.get("RAY_ADDRESS")
+    # Ray colours the prefix of the lines it relays from its workers; in Ferry's log (a
+    # file, JSON lines) the escape codes are noise. An operator's own setting wins.
+    os.environ.setdefault(RAY_COLOUR_VARIABLE, "0")
     ray.init(address=address or None, namespace="ferry", logging_level=logging.WARNING)
     try:
         # One proxy, on the head node: every node's would take the same port.

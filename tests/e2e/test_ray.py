@@ -255,3 +255,5 @@ def test_sigterm_removes_the_application_and_exits_0(server: RunningServer) -> N
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=HANG_GUARD) == 0
     assert "deleting the Ray Serve applications ['ferry_digest_v1_0', 'ferry']" in server.log()
+    # Issue 51: the lines Ray relays from its workers carry no colour codes in Ferry's log.
+    assert "\x1b[" not in server.log()

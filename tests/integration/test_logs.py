@@ -29,7 +29,7 @@ def test_access_log_and_worker_output(main_server: RunningServer) -> None:
         "inference API listening on",
         "management API listening on",
         "metrics API listening on",
-        "model digest v1.0: 1 workers on cpu",
+        "model digest v1.0: 1 worker ready on cpu",
     ):
         assert line in log
 

@@ -67,6 +67,7 @@ def test_grpc_starts_when_grpcio_is_there_unless_switched_off() -> None:
     assert server._grpc_enabled(ServerSettings())
     assert not server._grpc_enabled(ServerSettings(enable_grpc=False))
     assert not server._grpc_enabled(ServerSettings(enable_grpc=False, grpc_inference_port=1))
+    assert server._grpc_off_note(ServerSettings()) is None
 
 
 def test_without_grpcio_a_grpc_setting_stops_start_up_naming_the_extra(
@@ -74,6 +75,10 @@ def test_without_grpcio_a_grpc_setting_stops_start_up_naming_the_extra(
 ) -> None:
     monkeypatch.setattr(ferry_grpc, "available", lambda: False)
     assert not server._grpc_enabled(ServerSettings())  # nothing asked for it: no gRPC
+    # ... and the log says why the ports are closed (issue 51), unless switched off.
+    note = server._grpc_off_note(ServerSettings())
+    assert note is not None and "grpcio is not installed" in note and "[grpc]" in note
+    assert server._grpc_off_note(ServerSettings(enable_grpc=False)) is None
     for asked in (ServerSettings(grpc_inference_port=7070), ServerSettings(enable_grpc=True)):
         with pytest.raises(ConfigError, match=r"pip install 'ferry-serve\[grpc\]'"):
             server._grpc_enabled(asked)
