@@ -1,14 +1,22 @@
-"""``TextClassifier``: TorchServe's text classification handler, in a small form.
+"""``TextClassifier``: TorchServe's text classification handler.
 
-- preprocess: each request's text (``data`` or ``body``; bytes decoded as UTF-8). With a
-  ``source_vocab.pt`` in the model folder (a ``{token: index}`` dict, or a list of tokens,
-  saved with ``torch.save``), the text is lower-cased, split on whitespace and turned into
-  token ids; the batch is ``(ids, offsets)``, one flat id tensor plus each text's start, the
-  input of an ``nn.EmbeddingBag`` model. Unknown tokens take the ``<unk>`` id (else 0).
-  Without a vocabulary the batch is the list of texts, for models that tokenize themselves.
+- preprocess: each request's text (``data`` or ``body``; bytes decoded as UTF-8), cleaned
+  and tokenised as TorchServe 0.12's (:func:`~ferry.handlers.builtin.text_normalize.text_tokens`:
+  HTML tags and character references removed, lower case, contractions expanded, ``'``,
+  accents and punctuation removed, torchtext's ``basic_english``), then the tokens and their
+  bigrams (``ngrams``, 2 as in TorchServe) looked up in ``source_vocab.pt`` (a
+  ``{token: index}`` dict, ``collections.Counter`` or a list of tokens, saved with
+  ``torch.save``). A token or bigram not in it takes the ``<unk>`` id, else 0: what
+  torchtext's vocabulary with ``<unk>`` as its default index answers. The batch is
+  ``(ids, offsets)``, one flat id tensor plus each text's start, the input of an
+  ``nn.EmbeddingBag`` model; TorchServe's handler takes one text at a time, with offsets
+  ``[0]``, which is the same for a batch of one.
+  Without a vocabulary the batch is the list of raw texts, for models that tokenise
+  themselves (TorchServe's handler refuses to load there).
 - inference: ``model(ids, offsets)`` or ``model(texts)``.
-- postprocess: softmax over the classes, one ``{label: probability}`` per text, labels from
-  ``index_to_name.json``.
+- postprocess: softmax over the classes, on the dimension PyTorch picks when none is named
+  (as TorchServe calls it: the second of a ``(texts, classes)`` output), one
+  ``{label: probability}`` per text, labels from ``index_to_name.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import torch
 
 from ferry.handlers.builtin.base_handler import BaseHandler
 from ferry.handlers.builtin.optimize import begin_graph_tree_step, copy_graph_tree_outputs
+from ferry.handlers.builtin.text_normalize import text_tokens, with_ngrams
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.exceptions import PredictionException
 from ferry.handlers.torchserve.ts_utils import map_class_to_label
@@ -29,6 +38,8 @@ VOCAB_FILE = "source_vocab.pt"
 
 class TextClassifier(BaseHandler):
     vocab: dict[str, int] | None = None
+    ngrams = 2
+    """Tokens and runs of up to this many tokens are looked up (TorchServe's attribute)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,7 +55,10 @@ class TextClassifier(BaseHandler):
         if vocab is None:
             return texts
         unknown = vocab.get("<unk>", 0)
-        ids = [[vocab.get(token, unknown) for token in text.lower().split()] for text in texts]
+        ids = [
+            [vocab.get(gram, unknown) for gram in with_ngrams(text_tokens(text), self.ngrams)]
+            for text in texts
+        ]
         lengths = [len(row) for row in ids]
         offsets = torch.tensor([0, *lengths[:-1]]).cumsum(0)
         flat = torch.tensor([i for row in ids for i in row], dtype=torch.long)
@@ -60,7 +74,8 @@ class TextClassifier(BaseHandler):
             return copy_graph_tree_outputs(answer, self.optimizations)
 
     def postprocess(self, data: Any) -> list[Any]:
-        probs = torch.softmax(torch.as_tensor(data).float(), dim=1).tolist()
+        scores = torch.as_tensor(data).float()
+        probs = torch.softmax(scores, dim=implicit_softmax_dim(scores.dim())).tolist()
         return map_class_to_label(probs, self.mapping)
 
 
@@ -74,6 +89,12 @@ def load_vocab(path: Path) -> dict[str, int] | None:
     if isinstance(vocab, dict):
         return {str(token): int(index) for token, index in vocab.items()}
     raise PredictionException(f"{VOCAB_FILE} must hold a dict or a list of tokens", 500)
+
+
+def implicit_softmax_dim(ndim: int) -> int:
+    """The dimension ``F.softmax`` picks when none is named (TorchServe names none): the
+    first for 0-, 1- and 3-D input, else the second."""
+    return 0 if ndim in (0, 1, 3) else 1
 
 
 def _text_of(row: Any) -> str:
