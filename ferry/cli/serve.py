@@ -1,7 +1,7 @@
 """``ferry serve``: TorchServe's start-up flags and config.properties, Ferry's settings.
 
-Every settings flag comes from ``ferry.config.sources.OPTIONS``; see that module for the
-precedence between flags, environment variables and the config file.
+Every settings flag and its help come from ``ferry.config.options`` (through
+``ferry.cli.settings_flags``); ``ferry.config.sources`` says which source wins.
 """
 
 from __future__ import annotations
@@ -14,56 +14,42 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ferry.cli import daemon
+from ferry.cli import daemon, settings_flags
 from ferry.config.settings import ServerSettings
 from ferry.config.sources import OPTIONS, OPTIONS_BY_KEY, load_settings
 from ferry.errors import ConfigError
+
+USAGE = (
+    "%(prog)s [-h] [--ts-config FILE] [--model-store PATH] [--models NAME=ARCHIVE ...]\n"
+    "       [--start | --stop] [--ray [ADDRESS]] [--SETTING VALUE ...]"
+)
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "serve",
         help="start the model server",
-        description="Start Ferry. Flags override FERRY_* environment variables, which "
-        "override the config file.",
+        usage=USAGE,
+        formatter_class=settings_flags.HelpFormatter,
+        description="Start Ferry: serve the models of a model store over TorchServe's APIs. "
+        + settings_flags.RULE,
     )
-    parser.add_argument("--ts-config", "--config", type=Path, help="config.properties to read")
-    for option in OPTIONS:
-        help_text = f"config.properties: {option.key}; environment: FERRY_{option.key.upper()}"
-        if option.switch:
-            parser.add_argument(
-                option.flag_name,
-                dest=option.key,
-                action="store_const",
-                const="true",
-                help=help_text,
-            )
-        elif option.key == "load_models":
-            parser.add_argument(
-                option.flag_name,
-                dest=option.key,
-                nargs="+",
-                help="'all', or NAME=ARCHIVE entries to load at start-up; " + help_text,
-            )
-        else:
-            parser.add_argument(option.flag_name, dest=option.key, help=help_text)
-    _add_torchserve_flags(parser)
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        metavar="ADDRESS",
-        help="serve the start-up models as a Ray Serve application: on the Ray cluster at "
-        "ADDRESS ('auto': the one on this machine), or on a local Ray without it; needs "
-        "the 'ray' extra: pip install 'ferry-serve[ray]'",
-    )
+    _add_torchserve_flags(parser.add_argument_group("Running"))
+    settings_flags.add_settings_flags(parser)
     parser.set_defaults(run=run)
 
 
-def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
-    """TorchServe's ways of running: in the background with a pid file (``--start``,
-    ``--stop``) or attached (``--foreground``, the default)."""
-    mode = parser.add_mutually_exclusive_group()
+def _add_torchserve_flags(group: argparse._ArgumentGroup) -> None:
+    """The config file, and TorchServe's ways of running: in the background with a pid file
+    (``--start``, ``--stop``) or attached (``--foreground``, the default)."""
+    group.add_argument(
+        "--ts-config",
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TorchServe's config.properties to read (default: the file TS_CONFIG_FILE names)",
+    )
+    mode = group.add_mutually_exclusive_group()
     mode.add_argument(
         "--start",
         action="store_true",
@@ -76,24 +62,26 @@ def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
         help="stop the server --pid-file names, else the one at the inference address these "
         "flags and config give (with neither: the only one running)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--foreground",
         action="store_true",
         help="stay attached (the default; with --start, --start is ignored)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--pid-file",
         type=Path,
+        metavar="PATH",
         help="pid file of --start / --stop (default $TMPDIR/ferry-UID/ferry-HOST-PORT.pid, "
         "after the inference address)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--log-config",
         type=Path,
+        metavar="FILE",
         help="Python logging config replacing Ferry's: fileConfig INI (.ini, .conf, .cfg) "
         "or dictConfig .json / .yaml; TorchServe's log4j2 .xml is ignored with a warning",
     )
-    parser.add_argument(
+    group.add_argument(
         "--ncs",
         "--no-config-snapshots",
         dest="config_snapshots",
@@ -101,9 +89,19 @@ def _add_torchserve_flags(parser: argparse.ArgumentParser) -> None:
         const="false",
         help="neither restore nor write model snapshots (config_snapshots=false)",
     )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="serve the start-up models as a Ray Serve application: on the Ray cluster at "
+        "ADDRESS ('auto': the one on this machine), or on a local Ray without it; needs "
+        "the 'ray' extra: pip install 'ferry-serve[ray]'",
+    )
 
 
 def flags_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """The settings given as flags, as text keyed by config.properties key."""
     flags = {}
     for option in OPTIONS:
         value = getattr(args, option.key)
@@ -206,5 +204,5 @@ def _start(args: argparse.Namespace) -> int:
     for key, value in flags_from_args(args).items():
         option = OPTIONS_BY_KEY[key]
         if key not in ("log_location", "ready_file"):
-            child_args.append(option.flag_name if option.switch else f"{option.flag_name}={value}")
+            child_args.append(f"{option.flag_name}={value}")
     return daemon.start(child_args, pid_file, log_location, ready_file)

@@ -93,8 +93,8 @@ class Address:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Everything the server needs to start. Each field's config.properties key, flag and
-    environment variable are listed in ``ferry.config.sources.OPTIONS``."""
+    """Everything the server needs to start. Each field's config.properties key, flag,
+    environment variable and user-facing meaning are declared in ``ferry.config.options``."""
 
     inference_address: Address = field(default_factory=lambda: Address("127.0.0.1", 8080))
     """Inference API listener; loopback unless told otherwise."""
