@@ -30,7 +30,9 @@ Exit codes:
   ("start-up interrupted"; also before this module runs, see ``ferry.cli.serve``).
 - 2: the configuration cannot work: a listener cannot bind (``cannot listen on URL
   (inference_address): address already in use``), TLS files are missing, the key file is
-  malformed. ``run_server`` raises ``ConfigError``; the CLI prints it as one line.
+  malformed, a start-up model is missing from the model store
+  (``ferry.service.startup.refuse_missing``). ``run_server`` raises ``ConfigError``; the
+  CLI prints it as one line.
 - 128 + N: signal N arrived while shutting down; the process exited at once.
 
 A transport is one row of ``LISTENERS`` and a factory in its own package: the HTTP APIs'

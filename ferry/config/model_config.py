@@ -32,6 +32,7 @@ from ferry.config.sections import (
     read_section,
 )
 from ferry.errors import ModelConfigError
+from ferry.suggest import did_you_mean
 
 MAX_DOCUMENT_BYTES = 1 << 20
 """The largest model-config.yaml, and the most it may expand to through aliases."""
@@ -60,6 +61,22 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "processGroup": ("process_group", group_name),
     "loadOnDemand": ("load_on_demand", boolean),
 }
+
+TORCHSERVE_ONLY_KEYS = (
+    "parallelType",
+    "parallelLevel",
+    "torchrun",
+    "maxRetryTimeoutInSec",
+    "useJobTicket",
+    "continuousBatching",
+    "asyncCommunication",
+    "useVenv",
+)
+"""TorchServe's other top-level keys (its ``ModelConfig.java``): Ferry does not read them,
+but they are no typos either."""
+
+SECTION_KEYS = ("micro_batching", "optimization", "pt2", *HANDLER_SECTIONS)
+"""The top-level sections Ferry reads."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +139,9 @@ class ModelConfig:
     """The built-in handlers' sections present in the document (``image_classifier`` ...)."""
     raw: dict[str, Any] = field(default_factory=dict)
     """The whole YAML document; handlers read it as ``context.model_yaml_config``."""
+    warnings: tuple[str, ...] = ()
+    """Top-level keys that look like misspelt known ones (``misspelt_keys``): ``ferry
+    archive`` prints them, ``ferry serve`` logs them when it opens the archive."""
 
     def merged(self, **overrides: Any) -> ModelConfig:
         values = {k: v for k, v in overrides.items() if v is not None}
@@ -164,7 +184,30 @@ def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
         optimization=parse_optimization(document.get("optimization"), f"{source}: optimization"),
         handler_sections=sections,
         raw=dict(document),
+        warnings=misspelt_keys(document, source),
     )
+
+
+def misspelt_keys(document: Mapping[Any, Any], source: str) -> tuple[str, ...]:
+    """A warning for each unknown top-level key close to a known one (``batchSzie``).
+
+    As in TorchServe, unknown top-level keys go to the handler (``model_yaml_config``), so
+    they cannot be errors; but one a letter or two away from a key Ferry or TorchServe
+    reads is almost surely a typo, and ignored it would leave the model at that setting's
+    default. Keys unlike any known one (a handler's own) pass silently.
+    """
+    known = (*_KNOWN_KEYS, *TORCHSERVE_ONLY_KEYS, *SECTION_KEYS)
+    found = []
+    for key in document:
+        if not isinstance(key, str) or key in known:
+            continue
+        hint = did_you_mean(key, known)
+        if hint:
+            found.append(
+                f"{source}: unknown top-level key {key!r}{hint}; Ferry ignores it "
+                "(only the handler sees it)"
+            )
+    return tuple(found)
 
 
 def load_model_config(path: Path) -> ModelConfig:

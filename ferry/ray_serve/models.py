@@ -12,6 +12,7 @@ import logging
 from ferry.errors import InvalidRequest, ModelNotFound
 from ferry.ray_serve.deployer import Deployer
 from ferry.ray_serve.plan import DeploymentPlan, PoolPlan
+from ferry.scheduling.registry import model_not_found
 from ferry.service.status import ModelStatus
 from ferry.service.types import ModelPage, ModelRef, Registration, page_of
 
@@ -28,7 +29,7 @@ class RayModels:
     def _plan(self, name: str, version: str | None) -> DeploymentPlan:
         """The version's deployment (the default's when None), as the registry finds it."""
         if name not in self._deployer.defaults:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise model_not_found(name, self._deployer.defaults)
         plan = self._deployer.plans.get(f"{name}/{version or self._deployer.defaults[name]}")
         if plan is None:
             raise ModelNotFound(f"Model version not found: {name} version {version}")
@@ -57,7 +58,7 @@ class RayModels:
     def describe(self, name: str, version: str | None) -> list[ModelStatus]:
         """Asks Ray Serve's controller: call it off the event loop."""
         if name not in self._deployer.defaults:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise model_not_found(name, self._deployer.defaults)
         pool = self._deployer.pool
         pooled = [k for k in (pool.keys if pool else ()) if k.split("/", 1)[0] == name]
         if version == "all":

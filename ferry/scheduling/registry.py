@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ferry.config.image_limits import ImageLimits
@@ -10,6 +11,7 @@ from ferry.errors import InvalidRequest, ModelAlreadyExists, ModelNotFound
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.store.archive import ModelArchive
+from ferry.suggest import close_matches
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerFactory
 
@@ -115,5 +117,19 @@ class ModelRegistry:
     def _model(self, name: str) -> RegisteredModel:
         model = self._models.get(name)
         if model is None:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise model_not_found(name, self._models)
         return model
+
+
+def model_not_found(name: str, known: Iterable[str]) -> ModelNotFound:
+    """TorchServe's ``Model not found: NAME``, naming up to three registered models that
+    look like ``name`` (a misspelt request), never the others: every transport answers
+    with this message (404, gRPC ``NOT_FOUND``)::
+
+        Model not found: tinyst (did you mean 'tiny'?)
+    """
+    close = [repr(match) for match in close_matches(name, known, limit=3)]
+    if not close:
+        return ModelNotFound(f"Model not found: {name}")
+    names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return ModelNotFound(f"Model not found: {name} (did you mean {names}?)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ferry.config.settings import ServerSettings
 from ferry.errors import InvalidRequest, PackageInstallFailed
-from ferry.service.startup import open_startup_model, startup_entries
+from ferry.service.startup import open_startup_model, refuse_missing, startup_entries
 from ferry.service.types import RegisterRequest
 from ferry.store.archive import ModelArchive, open_model
 from ferry.store.packages import with_packages
@@ -59,14 +59,16 @@ class Archives:
 
     async def startup_models(self, store: Path) -> list[ModelArchive]:
         """Unpacked in a thread (the event loop keeps answering), their packages installed;
-        a model missing from the store, or whose packages fail, is logged and left out."""
+        ``ConfigError`` if one is missing from the store (``startup.refuse_missing``); one
+        whose packages fail is logged and left out."""
+        entries = startup_entries(self.settings, store)
+        refuse_missing(store, entries)
         archives = []
-        for name, relative in startup_entries(self.settings, store):
+        for name, relative in entries:
             archive = await asyncio.to_thread(
                 open_startup_model, self.settings, store, name, relative, self.work_dir
             )
-            if archive is not None:
-                archives.append(archive)
+            archives.append(archive)
         installed = []
         for archive in archives:
             try:

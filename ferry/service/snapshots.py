@@ -37,6 +37,7 @@ from ferry.config.settings import ServerSettings
 from ferry.config.sources import OPTIONS_BY_KEY, read_properties
 from ferry.errors import ConfigError
 from ferry.scheduling.registry import ModelRegistry
+from ferry.service.startup import refuse_missing, startup_entries
 
 log = logging.getLogger("ferry.snapshots")
 
@@ -213,4 +214,14 @@ def restore_snapshot(settings: ServerSettings, config_file: Path | None = None) 
     if store is None and "model_store" in values:
         store = Path(values["model_store"])
     log.info("restoring %d model versions from snapshot %s", len(models), path)
-    return dataclasses.replace(settings, models=models, model_overrides=merged, model_store=store)
+    restored = dataclasses.replace(
+        settings, models=models, model_overrides=merged, model_store=store
+    )
+    if store is not None and store.is_dir():  # say where the missing names come from
+        try:
+            refuse_missing(store, startup_entries(restored, store))
+        except ConfigError as error:
+            raise ConfigError(
+                f"snapshot {path}: {error.message}; --ncs ignores snapshots"
+            ) from None
+    return restored

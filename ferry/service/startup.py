@@ -2,6 +2,11 @@
 with their overrides applied. ``ferry serve`` starts workers for them
 (``ferry.service.lifecycle``); ``ferry serve --ray`` deploys them, each to replicas that
 open it themselves.
+
+One that is missing from the model store stops start-up (``ConfigError``: exit status 2),
+naming it and the store's close names. TorchServe logs it and serves without it, its
+``/ping`` Healthy; a server that cannot load what it was told to load must not look
+healthy, and exiting says why where a probe that never passes would not.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from pathlib import Path
 from ferry.config.model_config import apply_overrides
 from ferry.config.settings import ServerSettings
 from ferry.errors import ConfigError
-from ferry.store.archive import ModelArchive, open_model, resolve_model_entries
+from ferry.store.archive import ModelArchive, open_model, resolve_model_entries, store_models
+from ferry.suggest import close_matches
 
 log = logging.getLogger("ferry.service")
 
@@ -42,15 +48,35 @@ def startup_entries(settings: ServerSettings, store: Path) -> list[tuple[str | N
     return resolved
 
 
+def refuse_missing(store: Path, entries: list[tuple[str | None, str]]) -> None:
+    """``ConfigError`` naming every entry missing from ``store``, each with the store's
+    archive or folder that looks like it, if one does."""
+    missing = [(name, relative) for name, relative in entries if not (store / relative).exists()]
+    if not missing:
+        return
+    # Compared without their suffixes, which every archive shares: gone.mar is no good.mar.
+    present = {_stem(child): child for child in store_models(store)}
+    lines = []
+    for name, relative in missing:
+        close = close_matches(_stem(relative), present, limit=1)
+        hint = f" (did you mean {present[close[0]]!r}?)" if close else ""
+        lines.append(f"{name}={relative}{hint}" if name else f"{relative}{hint}")
+    raise ConfigError(
+        f"start-up model{'s' if len(lines) > 1 else ''} not found in the model store "
+        f"{store}: {'; '.join(lines)}"
+    )
+
+
+def _stem(relative: str) -> str:
+    for suffix in (".mar", ".tar.gz", ".tgz"):
+        relative = relative.removesuffix(suffix)
+    return relative
+
+
 def open_startup_model(
     settings: ServerSettings, store: Path, name: str | None, relative: str, work_dir: Path
-) -> ModelArchive | None:
-    """The archive unpacked under ``work_dir``, its ``models`` JSON overrides applied; None
-    when it is missing from the store: like TorchServe, Ferry logs it and starts without
-    it. Any other problem with it stops start-up."""
-    if not (store / relative).exists():
-        log.error("model %s not found in the model store %s; not loaded", relative, store)
-        return None
+) -> ModelArchive:
+    """The archive unpacked under ``work_dir``, its ``models`` JSON overrides applied."""
     archive = open_model(
         store, relative, work_dir, name, max_unpacked_size=settings.max_unpacked_size
     )
@@ -68,11 +94,12 @@ def startup_archives(settings: ServerSettings, work_dir: Path) -> list[tuple[str
     store = startup_store(settings)
     if store is None:
         return []
+    entries = startup_entries(settings, store)
+    refuse_missing(store, entries)
     opened = []
-    for name, relative in startup_entries(settings, store):
+    for name, relative in entries:
         archive = open_startup_model(settings, store, name, relative, work_dir)
-        if archive is not None:
-            opened.append((f"{archive.name}={relative}", archive))
+        opened.append((f"{archive.name}={relative}", archive))
     return opened
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ from ferry.config.model_config import ModelConfig, load_model_config
 from ferry.errors import ArchiveError, ArchiveNotFound, ModelConfigError
 from ferry.store.extract import Extractor, extract_tar, extract_zip, unpacked
 from ferry.store.manifest import MANIFEST_PATH, Manifest
+
+log = logging.getLogger("ferry.store")
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -125,6 +128,8 @@ def _read_model(
         except ModelConfigError as exc:
             # Still a ModelConfigError: 400 at registration, exit status 2 at start-up.
             raise ModelConfigError(f"{model_name}: {exc.message}") from exc
+        for warning in config.warnings:
+            log.warning("model %s: %s", model_name, warning)
     return ModelArchive(
         name=model_name,
         version=manifest.model_version,
@@ -142,6 +147,11 @@ def _is_model(path: Path) -> bool:
     return path.name.endswith((".mar", ".tar.gz", ".tgz"))
 
 
+def store_models(store: Path) -> list[str]:
+    """The archives and model folders in ``store`` (what ``all`` loads), by name."""
+    return [child.name for child in sorted(store.iterdir()) if _is_model(child)]
+
+
 def resolve_model_entries(store: Path, models: tuple[str, ...]) -> list[tuple[str | None, str]]:
     """Turn ``--models`` values into (name, path-in-store) pairs, TorchServe's way.
 
@@ -154,9 +164,7 @@ def resolve_model_entries(store: Path, models: tuple[str, ...]) -> list[tuple[st
             if not part:
                 continue
             if part == "all":
-                entries.extend(
-                    (None, child.name) for child in sorted(store.iterdir()) if _is_model(child)
-                )
+                entries.extend((None, child) for child in store_models(store))
             elif "=" in part:
                 name, _, path = part.partition("=")
                 entries.append((name.strip(), path.strip()))

@@ -78,7 +78,8 @@ def check_spec(
     if spec.model_file is not None:
         _check_model_file(spec.model_file)
     if spec.config_file is not None:
-        load_model_config(spec.config_file)  # ModelConfigError names the key
+        # ModelConfigError names an invalid key; a misspelt top-level one is a warning.
+        warnings.extend(load_model_config(spec.config_file).warnings)
     if spec.serialized_file is None and spec.model_file is None:
         warnings.append(
             "no --serialized-file or --model-file: the handler must build or fetch its model"

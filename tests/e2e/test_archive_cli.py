@@ -205,13 +205,20 @@ def test_broken_inputs_exit_2_before_writing(
     [
         (["--handler", DIGEST], "no --serialized-file or --model-file"),
         (["--handler", "my_pkg.handler", "--model-file", "MODEL"], "'my_pkg.handler'"),
+        (
+            ["--handler", DIGEST, "--model-file", "MODEL", "-c", "CONFIG"],
+            "model-config.yaml: unknown top-level key 'batchSzie' (did you mean 'batchSize'?)",
+        ),
     ],
 )
 def test_allowed_but_doubtful_inputs_warn_and_write(
     tmp_path: Path, args: list[str], expected: str
 ) -> None:
-    model_file = _write(tmp_path / "in" / "model.py", ONE_MODULE)
-    args = [str(model_file) if arg == "MODEL" else arg for arg in args]
+    files = {
+        "MODEL": _write(tmp_path / "in" / "model.py", ONE_MODULE),
+        "CONFIG": _write(tmp_path / "in" / "model-config.yaml", "batchSzie: 4\nmy_key: 1\n"),
+    }
+    args = [str(files[arg]) if arg in files else arg for arg in args]
     store = tmp_path / "store"
     made = run_ferry("archive", "--model-name", "m", "--export-path", str(store), *args)
     assert made.returncode == 0

@@ -72,6 +72,21 @@ def test_serve_refuses_a_missing_store(tmp_path: Path) -> None:
     assert result.returncode == 2 and "is not a folder" in result.stderr
 
 
+def test_serve_exits_2_naming_a_model_missing_from_the_store(tmp_path: Path) -> None:
+    """Issue 51: TorchServe logs it and answers /ping Healthy with no model; Ferry does
+    not start, and says which model is missing and what the store holds like it."""
+    store = tmp_path / "store"
+    _archive_echo(store)
+    result = run_ferry(*serve_args(store, "--models", "nothere=nothere.mar,echo=eho.mar"))
+    assert result.returncode == 2, result.stderr
+    line = (
+        f"ferry serve: start-up models not found in the model store {store}: "
+        "nothere=nothere.mar; echo=eho.mar (did you mean 'echo.mar'?)"
+    )
+    assert line in result.stderr.splitlines()
+    assert "Traceback" not in result.stderr and "listening on" not in result.stderr
+
+
 def test_serve_stops_on_an_unloadable_archive(tmp_path: Path) -> None:
     (tmp_path / "bad.mar").write_bytes(b"nope")
     result = run_ferry(*serve_args(tmp_path, "--models", "bad.mar"))

@@ -135,6 +135,13 @@ def test_an_unknown_model_is_internal_as_in_torchserve(infer: Any) -> None:
     assert stream.code() == Code.INTERNAL
 
 
+def test_a_misspelt_model_name_is_answered_with_the_close_one(infer: Any) -> None:
+    """Issue 51: the same message as REST's 404 body."""
+    error = _error(lambda: _predict(infer, "dubler", b"[1]"))
+    assert error.code() == Code.INTERNAL
+    assert error.details() == "Model not found: dubler (did you mean 'doubler'?)"
+
+
 def test_a_long_unknown_name_is_echoed_cut(infer: Any) -> None:
     """Issue 47, item 7: a 60 KB name in the status details went past gRPC's metadata
     limit, and the client got RESOURCE_EXHAUSTED ("Stream removed") instead."""

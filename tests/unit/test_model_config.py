@@ -31,8 +31,9 @@ from ferry.handlers.builtin.optimize import DTYPES, Optimizations
 from ferry.scheduling.sequences import SequenceSettings
 from ferry.scheduling.sizing import sequence_settings
 from ferry.store.archive import open_model
+from ferry.store.writer import ArchiveSpec, check_spec
 from ferry.worker.pipeline import PipelineSettings
-from tests.fixtures.models import digest_archive
+from tests.fixtures.models import HANDLERS, digest_archive
 
 FULL = """
 minWorkers: 2
@@ -304,3 +305,66 @@ def test_worker_recycling_keys() -> None:
     assert config.max_worker_memory_mb == 4096
     with pytest.raises(ModelConfigError, match="maxRequestsPerWorker: must be at least 1"):
         parse_model_config({"maxRequestsPerWorker": 0}, source="m.yaml")
+
+
+# --- misspelt top-level keys (issue 51) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("batchSzie", "batchSize"),
+        ("BatchSize", "batchSize"),  # TorchServe's own llama2 example has this one
+        ("maxBatchDelya", "maxBatchDelay"),
+        ("minWorker", "minWorkers"),
+        ("image_clasifier", "image_classifier"),
+        ("parallelTyp", "parallelType"),  # a TorchServe key Ferry does not read
+    ],
+)
+def test_a_top_level_key_close_to_a_known_one_is_warned_naming_it(key: str, meant: str) -> None:
+    config = parse_model_config({key: 4, "maxBatchDelay": 5}, source="model-config.yaml")
+    assert config.batch_size is None and config.raw[key] == 4  # still the handler's
+    assert config.warnings == (
+        f"model-config.yaml: unknown top-level key {key!r} (did you mean {meant!r}?); "
+        "Ferry ignores it (only the handler sees it)",
+    )
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"labels_file": "index_to_name.json", "my_handler": {"threshold": 0.5}, "handler": {}},
+        {"parallelType": "pp", "torchrun": {"nproc-per-node": 2}, "pt2": "inductor"},
+        {"batchSize": 4, "image_classifier": {"topk": 3}, 7: "a key YAML reads as a number"},
+    ],
+)
+def test_known_and_far_off_handler_keys_pass_silently(document: dict[Any, Any]) -> None:
+    assert parse_model_config(document, source="model-config.yaml").warnings == ()
+
+
+def test_opening_an_archive_logs_a_misspelt_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    digest_archive(store, "typo", batchSzie=4)
+    with caplog.at_level("WARNING", logger="ferry.store"):
+        opened = open_model(store, "typo.mar", tmp_path)
+    assert opened.config.batch_size is None
+    assert (
+        "model typo: model-config.yaml: unknown top-level key 'batchSzie' "
+        "(did you mean 'batchSize'?)" in caplog.text
+    )
+
+
+def test_ferry_archive_checks_warn_of_a_misspelt_key(tmp_path: Path) -> None:
+    config = tmp_path / "model-config.yaml"
+    config.write_text("batchSzie: 4\nlabels_file: x.json\n")
+    spec = ArchiveSpec(
+        model_name="m", handler=str(HANDLERS / "digest_handler.py"), config_file=config
+    )
+    warnings = check_spec(spec, tmp_path / "store")
+    assert any(
+        "unknown top-level key 'batchSzie' (did you mean 'batchSize'?)" in w for w in warnings
+    )
+    assert not any("labels_file" in w for w in warnings)

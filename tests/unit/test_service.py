@@ -138,6 +138,23 @@ def test_health_is_unhealthy_while_start_up_archives_open(
     run(scenario)
 
 
+def test_a_misspelt_model_name_is_answered_with_the_close_one(store: Path) -> None:
+    """Every transport answers with this message: REST's 404 body, gRPC's NOT_FOUND."""
+
+    async def scenario() -> None:
+        service = service_for(store, models=("good=good.mar",))
+        await service.load_startup_models()
+        with pytest.raises(
+            ModelNotFound, match=r"^Model not found: godo \(did you mean 'good'\?\)$"
+        ):
+            service.resolve("godo")
+        with pytest.raises(ModelNotFound, match=r"^Model not found: elsewhere$"):
+            await service.predict("elsewhere", None, [InputPart("body", "text/plain", b"")], {})
+        await service.close()
+
+    run(scenario)
+
+
 def test_predict_speaks_the_services_own_types(store: Path) -> None:
     async def scenario() -> None:
         service = service_for(store, models=("good=good.mar",))

@@ -173,6 +173,21 @@ def test_a_broken_snapshot_stops_start_up_naming_it_and_ncs(tmp_path: Path) -> N
         restore_snapshot(ServerSettings(log_location=tmp_path / "logs"))
 
 
+def test_a_snapshot_naming_an_archive_gone_from_the_store_stops_start_up(
+    tmp_path: Path,
+) -> None:
+    """Issue 51: a start-up model missing from the store stops start-up; restored from a
+    snapshot, the message says where the name came from and how to start without it."""
+    (tmp_path / "store").mkdir()
+    path = write_snapshot(tmp_path / "logs" / "config", _state(tmp_path, _version()))
+    with pytest.raises(ConfigError) as refused:
+        restore_snapshot(ServerSettings(log_location=tmp_path / "logs"))
+    assert refused.value.message == (
+        f"snapshot {path}: start-up model not found in the model store {tmp_path / 'store'}: "
+        "digest=digest-1.0.mar; --ncs ignores snapshots"
+    )
+
+
 def test_snapshot_folder_follows_log_location(tmp_path: Path) -> None:
     assert snapshot_folder(ServerSettings(log_location=tmp_path)) == tmp_path / "config"
     assert snapshot_folder(ServerSettings()) is None

@@ -25,7 +25,7 @@ from ferry.config.sources import (
     OPTIONS_BY_KEY,
     load_settings,
 )
-from ferry.errors import ArchiveError, HandlerFailed, ModelConfigError
+from ferry.errors import ArchiveError, ConfigError, HandlerFailed, ModelConfigError
 from ferry.http.errors import error_response
 from ferry.http.listener import with_cors
 from ferry.protocols.describe import model_json
@@ -33,7 +33,7 @@ from ferry.scheduling.model_runner import RunnerSettings
 from ferry.scheduling.sizing import Machine, runner_settings
 from ferry.service import FerryService
 from ferry.service.requests import MAX_REQUEST_ID, RequestIds
-from ferry.service.types import Health, InputPart
+from ferry.service.types import InputPart
 from ferry.store.archive import open_model
 from ferry.wire.spec import WorkerSpec
 from tests.fixtures.fake_worker import Behaviour, FakeWorker
@@ -335,19 +335,35 @@ def test_describe_has_torchserves_fields(store: Path) -> None:
 # --- start-up models missing from the store ---------------------------------------------
 
 
-def test_a_missing_startup_model_is_logged_and_skipped(
-    store: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_missing_startup_model_stops_start_up_naming_it(store: Path) -> None:
+    """TorchServe logs it and serves without it, /ping Healthy; Ferry refuses to start
+    (exit status 2), naming every missing one and the store's close names, before any
+    worker starts (issue 51)."""
+    workers: list[str] = []
+
     async def scenario() -> None:
-        service = _service(store, models=("good=good.mar", "gone=gone.mar"))
-        with caplog.at_level(logging.ERROR, logger="ferry.service"):
+        models = ("good=good.mar", "gone=gone.mar", "godo.mar")
+        settings = ServerSettings(model_store=store, models=models)
+        service = FerryService(settings, start_worker=_recording(workers))
+        with pytest.raises(ConfigError) as refused:
             await service.load_startup_models()
-        assert "gone.mar not found in the model store" in caplog.text
-        assert service.resolve("good").name == "good"
-        assert service.health() == Health("Healthy")
+        assert refused.value.message == (
+            f"start-up models not found in the model store {store}: gone=gone.mar; "
+            "godo.mar (did you mean 'good.mar'?)"
+        )
+        assert not service.ready() and service.registry.names() == []
         await service.close()
 
     run(scenario)
+    assert workers == []
+
+
+def _recording(started: list[str]) -> Callable[[WorkerSpec, float], Awaitable[FakeWorker]]:
+    async def start(spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
+        started.append(spec.model_name)
+        return FakeWorker(Behaviour.ECHO)
+
+    return start
 
 
 def test_a_startup_model_escaping_the_store_still_stops_start_up(store: Path) -> None:
