@@ -281,7 +281,8 @@ GROUPS = (
                 "models",
                 v.LIST,
                 "Models to load at start-up: `all`, or `NAME=ARCHIVE` / `ARCHIVE` entries; "
-                "one missing from the store is logged and skipped, as TorchServe does.",
+                "one missing from the store stops start-up (exit 2) naming it, where "
+                "TorchServe logs it and starts without it.",
                 flag="--models",
                 default_note="the latest snapshot's, when no config file is given",
             ),
