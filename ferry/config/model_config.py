@@ -8,6 +8,7 @@ it is built: ``safe_load`` of a few hundred bytes of nested aliases is megabytes
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from ferry.config.sections import (
 )
 from ferry.errors import ModelConfigError
 from ferry.suggest import did_you_mean
+
+log = logging.getLogger("ferry.config")
 
 MAX_DOCUMENT_BYTES = 1 << 20
 """The largest model-config.yaml, and the most it may expand to through aliases."""
@@ -275,6 +278,8 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
 
 
 WORKER_KEYS = ("minWorkers", "maxWorkers")
+MODELS_JSON_ONLY_KEYS = frozenset({"marName", "defaultVersion"})
+"""Keys of config.properties' ``models`` JSON that are not model-config.yaml keys."""
 
 
 def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: str) -> ModelConfig:
@@ -282,6 +287,9 @@ def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: s
     except its workers where the archive sets them (``ModelConfig.sets_workers``, as in
     TorchServe); they are validated by the same rules."""
     known = {key: value for key, value in overrides.items() if key in _KNOWN_KEYS}
+    others = {k: v for k, v in overrides.items() if k not in MODELS_JSON_ONLY_KEYS}
+    for warning in misspelt_keys(others, source):  # config.properties' typos too
+        log.warning("%s", warning.replace("Ferry ignores it (only the handler sees it)", "ignored"))
     if config.sets_workers:
         known = {key: value for key, value in known.items() if key not in WORKER_KEYS}
     parsed = parse_model_config(known, source=source)

@@ -276,6 +276,21 @@ def test_the_models_json_does_not_override_workers_the_archive_sets() -> None:
     assert (config.min_workers, config.max_workers) == (1, 1)
 
 
+def test_a_misspelt_key_in_the_models_json_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 51: config.properties' models JSON dropped ``batchSzie`` in silence."""
+    base = parse_model_config({}, source="t")
+    overrides = {"batchSzie": 4, "marName": "m.mar", "defaultVersion": True}
+    with caplog.at_level("WARNING", logger="ferry.config"):
+        config = apply_overrides(base, overrides, source="models[m][1.0]")
+    assert config.batch_size is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "models[m][1.0]: unknown top-level key 'batchSzie'" in warned[0]
+    assert "did you mean 'batchSize'" in warned[0]
+
+
 def test_a_subclass_section_is_read_for_the_shared_keys_only() -> None:
     section = handler_section({"my_vision": {"resize": 32, "crop": 32, "extra": 1}}, "my_vision")
     assert section == ImageTransformConfig(resize=32, crop=32)
