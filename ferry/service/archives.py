@@ -59,8 +59,10 @@ class Archives:
 
     async def startup_models(self, store: Path) -> list[ModelArchive]:
         """Unpacked in a thread (the event loop keeps answering), their packages installed;
-        ``ConfigError`` if one is missing from the store (``startup.refuse_missing``); one
-        whose packages fail is logged and left out."""
+        ``ConfigError`` if one is missing from the store (``startup.refuse_missing``),
+        ``PackageInstallFailed`` if one's packages fail: a server that cannot load what it
+        was told to load does not start (issue 51; TorchServe logs it and starts without
+        it). What was unpacked is freed."""
         entries = startup_entries(self.settings, store)
         refuse_missing(store, entries)
         archives = []
@@ -69,12 +71,14 @@ class Archives:
                 open_startup_model, self.settings, store, name, relative, self.work_dir
             )
             archives.append(archive)
-        installed = []
-        for archive in archives:
+        installed: list[ModelArchive] = []
+        for index, archive in enumerate(archives):
             try:
                 installed.append(await self.with_packages(archive))
-            except PackageInstallFailed as error:
-                log.error("model %s not loaded: %s", archive.name, error)
+            except PackageInstallFailed:  # with_packages freed this one
+                for other in [*installed, *archives[index + 1 :]]:
+                    await asyncio.to_thread(other.free)
+                raise
         return installed
 
     async def with_packages(self, archive: ModelArchive) -> ModelArchive:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.cli import run_ferry, serve_args
 from tests.fixtures.models import HANDLERS
 from tests.fixtures.server import ferry_server
 from tests.fixtures.wheels import VALUE, write_wheel
@@ -81,18 +82,21 @@ def test_nothing_is_installed_unless_the_server_opts_in(store: Path, tmp_path: P
         assert "No module named 'ferry_demo_dep'" in response.json()["message"]
 
 
-def test_a_start_up_model_whose_install_fails_is_skipped(
+def test_a_start_up_model_whose_install_fails_stops_start_up(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 51: a server that cannot load what it was told to load does not start
+    (TorchServe logs it and answers /ping Healthy without the model); it says why."""
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_RETRIES", "0")
-    models = ["unreachable=unreachable.mar", "packaged=packaged.mar"]
-    args = ("--install-py-dep-per-model", "true")
-    with ferry_server(store, models, tmp_path, *args) as server, server.management() as api:
-        names = [model["modelName"] for model in api.get("/models").json()["models"]]
-        log = server.log()
-    assert names == ["packaged"]
-    assert "model unreachable not loaded: Custom pip package installation failed" in log
+    models = "unreachable=unreachable.mar,packaged=packaged.mar"
+    args = ("--install-py-dep-per-model", "true", "--models", models)
+    result = run_ferry(*serve_args(store, *args), cwd=tmp_path, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert (
+        "start-up failed: Custom pip package installation failed for model unreachable"
+        in result.stderr
+    )
 
 
 def test_pip_find_links_holds_pip_to_a_local_folder(store: Path, tmp_path: Path) -> None:
