@@ -28,6 +28,7 @@ from ferry.http.hang_up import on_hang_up
 from ferry.http.kserve import kserve_routes
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
+from ferry.http.sagemaker import sagemaker_routes
 from ferry.http.streaming import prediction_response
 from ferry.http.workflows import workflow_inference_routes
 from ferry.log_escape import escape_control
@@ -94,6 +95,7 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
         Route("/explanations/{model}/{version}", explain, methods=["POST", "PUT"]),
         *workflow_inference_routes(workflows, record, limit),
         *kserve_routes(service, record, limit),
+        *sagemaker_routes(service, record, limit, log_access),
         *description_routes(inference_description()),
     ]
     handlers = exception_handlers(record)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.errors import ArchiveError
+from ferry.store.sagemaker_layout import is_sagemaker_model, sagemaker_manifest
 
 MANIFEST_PATH = Path("MAR-INF") / "MANIFEST.json"
 _PATH_KEYS = ("serializedFile", "modelFile", "configFile", "requirementsFile", "handler")
@@ -34,9 +35,15 @@ class Manifest:
         try:
             document = json.loads(path.read_text())
         except FileNotFoundError as exc:
+            if is_sagemaker_model(model_dir):  # /opt/ml/model's layout: no manifest
+                return cls.from_document(model_dir, sagemaker_manifest(model_dir))
             raise ArchiveError(f"{model_dir.name}: no {MANIFEST_PATH} in the archive") from exc
         except (OSError, ValueError) as exc:
             raise ArchiveError(f"{model_dir.name}: unreadable manifest: {exc}") from exc
+        return cls.from_document(model_dir, document)
+
+    @classmethod
+    def from_document(cls, model_dir: Path, document: Any) -> Manifest:
         model = document.get("model") if isinstance(document, dict) else None
         if not isinstance(model, dict) or not model.get("handler"):
             raise ArchiveError(f"{model_dir.name}: manifest lacks model.handler")

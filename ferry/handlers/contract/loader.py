@@ -32,6 +32,7 @@ BUILTIN_HANDLERS = {
     "image_embedder": "ferry.handlers.builtin.vision_tasks",
     "text_classifier": "ferry.handlers.builtin.text_classifier",
     "dali_image_classifier": "ferry.handlers.torchserve.dali",
+    "sagemaker_pytorch": "ferry.handlers.sagemaker.handler",
 }
 _BUILTIN_CLASSES = {
     "base_handler": "BaseHandler",
@@ -42,6 +43,7 @@ _BUILTIN_CLASSES = {
     "image_embedder": "ImageEmbedder",
     "text_classifier": "TextClassifier",
     "dali_image_classifier": "DALIImageClassifier",
+    "sagemaker_pytorch": "SageMakerHandler",
 }
 
 

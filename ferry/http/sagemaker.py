@@ -1,0 +1,82 @@
+"""SageMaker's inference path on the inference port: ``POST /invocations`` (``GET /ping``
+is TorchServe's, which SageMaker's health check reads the same way).
+
+A request goes to ``?model_name=NAME`` when given (TorchServe's rule), else to the one
+registered model; with none or several, it is a 404 naming the models. Its body reaches
+the handler undecoded, as the toolkit configures TorchServe (``decode_input_request=false``):
+``Content-Type``, ``Accept`` and ``X-Amzn-SageMaker-Custom-Attributes`` travel in the
+request's headers (``context.get_request_header``). From there it takes the same path as
+``/predictions``: ``service.submit``, the model's queue and batches, the same error
+bodies and access log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ferry.errors import FerryError, ModelNotFound
+from ferry.http.errors import StatusRecorder, error_response
+from ferry.http.hang_up import on_hang_up
+from ferry.http.request_body import read_limited
+from ferry.http.streaming import prediction_response
+from ferry.service import FerryService
+from ferry.service.types import InputPart, Prediction
+
+UNDECODED = "application/octet-stream"
+"""The type the body is handed over as, so the worker passes its bytes unparsed."""
+
+
+def invocation_model(service: FerryService, request: Request) -> str:
+    """The model ``/invocations`` serves: ``?model_name=``, else the only one."""
+    named = request.query_params.get("model_name")
+    if named:
+        return named
+    names = service.model_names()
+    if len(names) == 1:
+        return names[0]
+    loaded = ", ".join(sorted(names)) if names else "none"
+    raise ModelNotFound(
+        f"/invocations serves the one model loaded, or the one ?model_name= names; "
+        f"models loaded: {loaded}"
+    )
+
+
+AccessLog = Callable[[Request, int, str, "str | None", float, "Prediction | None"], None]
+"""``ferry.http.inference.log_access``: the access line, as ``/predictions`` writes it."""
+
+
+def sagemaker_routes(
+    service: FerryService, record: StatusRecorder, limit: int, log_access: AccessLog
+) -> list[Route]:
+    """``POST /invocations``; every status reported to ``record``, bodies up to ``limit``."""
+    access_log = service.settings.access_log
+
+    async def invocations(request: Request) -> Response:
+        start = time.perf_counter()
+        model, version = "", None
+        answer: Prediction | None = None
+        try:
+            model = invocation_model(service, request)
+            version = service.admit(model).version  # 404 and 503 before reading the body
+            parts = [InputPart("body", UNDECODED, await read_limited(request, limit))]
+            headers = dict(request.headers.items())  # ASGI header names are lower case
+            response, events = await prediction_response(
+                lambda on_part: service.submit(
+                    model, version, parts, headers, on_hang_up(request.scope), on_part
+                ),
+                service.settings.max_response_size,
+            )
+            answer = events.answer
+        except FerryError as error:
+            response = error_response(error)
+        record(response.status_code)
+        if access_log:
+            log_access(request, response.status_code, model, version, start, answer)
+        return response
+
+    return [Route("/invocations", invocations, methods=["POST"])]
