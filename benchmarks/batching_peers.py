@@ -57,8 +57,8 @@ from benchmarks.common import (
     ts_style_resnet18_archive,
 )
 from ferry.bench.arrivals import step_of
+from ferry.bench.latency_plot import plot_latency_against_load
 from ferry.bench.load import LoadResult, LoadSpec, run_load
-from ferry.bench.load_report import plot_latency_against_load
 from ferry.bench.servers import ServerConfig, ServerFailed, free_port, start_server
 
 RESULTS = ROOT / "benchmarks" / "results"

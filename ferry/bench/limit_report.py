@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from ferry.bench.limit_run import LimitReport
-from ferry.bench.load_report import plot_latency_against_load
+from ferry.bench.figures import few_answers
+from ferry.bench.latency_plot import plot_latency_against_load
+from ferry.bench.limit_run import LimitReport, RatePoint
 
 
 def _ms(value: float | None) -> str:
@@ -53,6 +54,7 @@ def markdown(report: LimitReport, title: str) -> str:
         f"worker(s). p99 SLO {spec.slo_ms:g} ms. Poisson arrivals, seed {spec.seed}, "
         f"{spec.seconds:g} s per rate.",
         "",
+        *_warning_lines(limit_warnings(report)),
         "## The model's costs (offline profile, median ms per batch)",
         "",
         "| batch | " + " | ".join(next(iter(report.costs.values()))) + " | total | items/s |",
@@ -84,15 +86,6 @@ def markdown(report: LimitReport, title: str) -> str:
         f"- peak goodput / X*: **{found['peak_goodput_over_ceiling']:.2f}** "
         f"({report.peak_goodput:.1f} req/s at {report.peak_concurrency} clients; "
         f"{found['peak_goodput_over_pipelined_ceiling']:.2f} of the pipelined ceiling)",
-        *(
-            [
-                "- the peak is above the ceiling: the profiled costs were higher than the "
-                "server's (a busy machine while profiling? rerun with more --profile-seconds); "
-                "read the ratios with that in mind"
-            ]
-            if report.peak_goodput > 1.05 * limits.ceiling_sequential
-            else []
-        ),
         "- goodput within the SLO / X_SLO: **"
         + (
             f"{found['goodput_within_slo_over_slo_capacity']:.2f}"
@@ -124,6 +117,77 @@ def markdown(report: LimitReport, title: str) -> str:
             f"{over} | {point.ideal_mean_batch:.2f} | {point.error_rate:.2%} |"
         )
     return "\n".join(lines + _core_use_lines(report)) + "\n"
+
+
+SHARE_WORTH_A_WARNING = 0.25
+"""A share of the machine's cores taken by the load generator, or by processes that are
+neither it nor the server, above which the report warns that its ratios are skewed."""
+
+
+def limit_warnings(report: LimitReport) -> list[str]:
+    """What makes this report's figures less than they seem, worst first: written in
+    ``limit.md`` and drawn on ``limit.png`` alike."""
+    limits, warnings = report.bounds, []
+    if report.peak_goodput > 1.05 * limits.ceiling_sequential:
+        warnings.append(
+            f"peak goodput / X* is {report.peak_goodput / limits.ceiling_sequential:.2f}, above "
+            "the ceiling: the profiled costs were higher than the server's (a busy machine "
+            "while profiling? rerun with more --profile-seconds); read the ratios with that "
+            "in mind"
+        )
+    failing = [p for p in report.points if p.error_rate > 0]
+    if failing:
+        listed = ", ".join(f"{p.offered:.1f}/s: {p.error_rate:.0%}" for p in failing)
+        warnings.append(f"requests failed at {listed}; latencies are of successful answers")
+    return warnings + _core_warnings(report) + _sample_warnings(report)
+
+
+def _core_warnings(report: LimitReport) -> list[str]:
+    measured = [(p, p.core_use) for p in report.points if p.core_use is not None]
+    warnings = []
+    for point, used in measured:
+        share = used.generator_cores / used.cores
+        if share > SHARE_WORTH_A_WARNING:
+            warnings.append(
+                f"client-bound: the load generator used {used.generator_cores:.2f} of "
+                f"{used.cores} cores ({share:.0%}) at {point.offered:.1f}/s, cores X* counts "
+                "as the model's"
+            )
+            break
+    for point, used in measured:
+        if used.server_main_ms is None or used.server_workers_ms is None:
+            continue
+        server = (used.server_main_ms + used.server_workers_ms) * point.goodput / 1000
+        others = used.cores_busy - used.generator_cores - server
+        if others / used.cores > SHARE_WORTH_A_WARNING:
+            warnings.append(
+                f"busy machine: other processes used {others:.2f} of {used.cores} cores at "
+                f"{point.offered:.1f}/s; rerun on a quieter machine"
+            )
+            break
+    return warnings
+
+
+def _sample_warnings(report: LimitReport) -> list[str]:
+    thin = [p for p in report.points if p.p99_ms is not None and few_answers(answered(report, p))]
+    if not thin:
+        return []
+    listed = ", ".join(f"{p.offered:.1f}/s" for p in thin)
+    return [
+        f"too few samples: p99 rests on fewer than 10 answers beyond it at {listed}; give a "
+        "longer --duration"
+    ]
+
+
+def answered(report: LimitReport, point: RatePoint) -> int:
+    """The successful answers behind a rate's percentiles (goodput over the rate's run)."""
+    return round(point.goodput * report.spec.seconds)
+
+
+def _warning_lines(warnings: list[str]) -> list[str]:
+    if not warnings:
+        return []
+    return ["## Warnings", "", *(f"- {warning}" for warning in warnings), ""]
 
 
 def _core_use_lines(report: LimitReport) -> list[str]:
@@ -220,5 +284,7 @@ def write_limit_report(report: LimitReport, out: Path, title: str) -> list[Path]
         marks=marks,
         floor_ms=limits.floor_ms,
         slo_ms=report.spec.slo_ms,
+        failures={"errors": [(p.offered, p.error_rate) for p in report.points]},
+        warnings=limit_warnings(report),
     )
     return [md, js, png]

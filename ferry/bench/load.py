@@ -3,7 +3,7 @@ Protocol endpoint, over HTTP or gRPC (``ferry.bench.targets``).
 
 Closed loop (``concurrency`` clients, each waiting for its answer) or open loop (Poisson
 arrivals at ``rate`` per second, answered or not), stopped after ``requests`` requests or
-``duration`` seconds.
+``duration`` seconds, whichever comes first.
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ async def run_load(
     target speaks."""
     if [spec.concurrency, spec.rate, spec.steps].count(None) != 2:
         raise ValueError("give exactly one of concurrency, rate or steps")
-    if spec.steps is None and (spec.requests is None) == (spec.duration is None):
-        raise ValueError("give exactly one of requests or duration")
+    if spec.steps is None and spec.requests is None and spec.duration is None:
+        raise ValueError("give requests or duration (or both: the run ends at the first)")
     result = LoadResult(requests=0, seconds=0.0)
     progress = _Progress(spec.progress, spec.requests, spec.duration)
     target = target or open_target(spec.target())

@@ -6,10 +6,10 @@ describe successful answers only; everything else is counted as an error by kind
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ferry.bench.arrivals import step_of
+from ferry.bench.figures import few_answers
 from ferry.bench.load import LoadResult, LoadSpec, Sample
 from ferry.bench.stats import percentile
 
@@ -146,70 +146,44 @@ def rate_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _tick(value: float, _: Any) -> str:
-    """Plain numbers on a log axis: 10, 100 rather than 10^1, 10^2."""
-    return f"{value:g}"
+def failure_shares(summaries: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per offered rate, the share of sent requests shed with 503 and the share that
+    failed otherwise (other statuses, no answer, dropped)."""
+    shed: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for item in summaries:
+        sent = item["requests_sent"] or 1
+        shed_count = item["errors"].get("503", 0)
+        failed_count = sum(item["errors"].values())
+        shed.append((item["rate"], shed_count / sent))
+        other.append((item["rate"], (failed_count - shed_count) / sent))
+    return {"503 (shed)": shed, "other errors": other}
 
 
-def _minor_tick(value: float, _: Any) -> str:
-    """Only the 2s and 5s between decades, so labels never crowd."""
-    leading = f"{value:e}"[0]
-    return f"{value:g}" if leading in "25" else ""
-
-
-def plot_latency_against_load(
-    series: dict[str, list[tuple[float, float | None, float | None]]],
-    path: Path,
-    title: str,
-    notes: str,
-    marks: dict[str, float] | None = None,
-    floor_ms: float | None = None,
-    slo_ms: float | None = None,
-) -> None:
-    """p50 (solid) and p99 (dashed) against offered load for each series (``name: [(rate,
-    p50, p99)]``); ``marks`` are vertical lines (capacities), ``floor_ms`` a horizontal one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(9, 5.5))
-    colours = matplotlib.colormaps["tab10"]
-    for index, (name, points) in enumerate(series.items()):
-        rates = [rate for rate, _, _ in points]
-        for position, (label, style, marker) in enumerate((("p50", "-", "o"), ("p99", "--", "s"))):
-            values = [p[1 + position] for p in points]
-            xs = [r for r, v in zip(rates, values, strict=True) if v is not None]
-            ys = [v for v in values if v is not None]
-            axes.plot(
-                xs,
-                ys,
-                linestyle=style,
-                marker=marker,
-                color=colours(index),
-                label=f"{name} {label}",
-            )
-    for position, (label, value) in enumerate((marks or {}).items()):
-        axes.axvline(value, color="gray", linestyle=(0, (1, 1 + position)), label=label)
-    if slo_ms is not None:
-        axes.axhline(slo_ms, color="red", linestyle="--", label=f"p99 SLO {slo_ms:g} ms")
-    if floor_ms is not None:
-        axes.axhline(
-            floor_ms, color="black", linestyle=":", label=f"latency floor L0 {floor_ms:.1f} ms"
+def rate_warnings(summaries: list[dict[str, Any]]) -> list[str]:
+    """What a rate sweep's reader must know before trusting its latencies: the rates where
+    requests failed (the latencies are of the survivors), and p99s on too few answers."""
+    warnings = []
+    failing = [s for s in summaries if s["error_rate"] > 0]
+    if failing:
+        listed = ", ".join(
+            f"{s['rate']:g}/s: {s['error_rate']:.0%} ({_kinds(s['errors'])})" for s in failing
         )
-    axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
-    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_tick))
-    axes.tick_params(axis="y", which="minor", labelsize=7)
-    axes.set_xlabel("offered load (requests/s, Poisson)")
-    axes.set_ylabel("latency of successful answers (ms, log scale)")
-    axes.set_title(title)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=7, loc="upper left")
-    figure.text(0.01, 0.01, notes, fontsize=7, color="dimgray")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        warnings.append(
+            f"requests failed at {listed}; the latencies are of the successful answers only"
+        )
+    thin = [s for s in summaries if s["succeeded"] and few_answers(s["succeeded"])]
+    if thin:
+        listed = ", ".join(f"{s['rate']:g}/s ({s['succeeded']} answers)" for s in thin)
+        warnings.append(
+            f"p99 rests on fewer than 10 answers beyond it at {listed}: give a longer "
+            "--duration or more --requests"
+        )
+    return warnings
+
+
+def _kinds(errors: dict[str, int]) -> str:
+    return ", ".join(f"{count} x {kind}" for kind, count in errors.items())
 
 
 def _errors(summary: dict[str, Any]) -> str:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ferry.bench.figures import apply_scale, axis_scale, draw_warnings, few_answers
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -60,9 +66,26 @@ def plot_throughput_against_p99(
     title: str,
     slo_ms: float | None = None,
     chosen: Any = None,
+    warnings: Sequence[str] = (),
 ) -> None:
+    """``throughput_figure`` saved as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    figure = throughput_figure(rows, title, slo_ms, chosen, warnings)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def throughput_figure(
+    rows: list[dict[str, Any]],
+    title: str,
+    slo_ms: float | None = None,
+    chosen: Any = None,
+    warnings: Sequence[str] = (),
+) -> Figure:
     """Goodput against p99, one series per configuration (points: concurrency); the SLO
-    as a line, ``chosen`` (a tune ``Trial``) ringed and named, the machine in a footnote."""
+    as a line, ``chosen`` (a tune ``Trial``) ringed and named, ``warnings`` in red and
+    the machine in a footnote. Each axis is log only over a decade or more."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,15 +135,54 @@ def plot_throughput_against_p99(
                 f"{chosen.config.precision}, c{chosen.concurrency}"
             ),
         )
-    axes.set_xlabel("p99 latency of successful answers (ms)")
-    axes.set_ylabel("goodput (successful answers/s)")
+    measured = [r for r in rows if r["Latency P99"] is not None]
+    x_scale = axis_scale([r["Latency P99"] for r in measured] + [slo_ms])
+    y_scale = axis_scale([r["Throughput"] for r in measured])
+    apply_scale(axes, "x", x_scale)
+    apply_scale(axes, "y", y_scale)
+    axes.set_xlabel(f"p99 latency of successful answers (ms{x_scale.note})")
+    axes.set_ylabel(f"goodput (successful answers/s{y_scale.note})")
     axes.set_title(title)
-    axes.grid(True, alpha=0.3)
+    axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7, loc="best")
     figure.text(0.01, 0.01, conditions(), fontsize=7, color="dimgray")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    top_of_warnings = draw_warnings(figure, warnings)
+    figure.tight_layout(rect=(0, top_of_warnings, 1, 1))
+    return figure
+
+
+def row_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """What a sweep's or tune's reader must know: configurations that did not start,
+    points with failed requests, p99s on too few answers."""
+    warnings = []
+    failed = sorted({_label(r) for r in rows if r.get("Error")})
+    if failed:
+        warnings.append(f"did not start: {', '.join(failed)} (the reason: the report's Error)")
+    erring = [r for r in rows if not r.get("Error") and (r.get("Error rate") or 0) > 0]
+    if erring:
+        listed = ", ".join(f"{_label(r)} c{r['Concurrency']} {r['Error rate']:.0%}" for r in erring)
+        warnings.append(f"requests failed at {listed}")
+    thin = [
+        r for r in rows if not r.get("Error") and few_answers(r["Requests"] - r["Failed requests"])
+    ]
+    if thin:
+        listed = ", ".join(f"{_label(r)} c{r['Concurrency']}" for r in thin)
+        warnings.append(f"p99 rests on fewer than 10 answers beyond it at {listed}")
+    return warnings
+
+
+def _label(row: dict[str, Any]) -> str:
+    return (
+        f"b{row['Batch size']}-d{row['Batch delay']}-w{row['Workers']}-"
+        f"{row.get('Precision', 'fp32')}"
+    )
+
+
+def warning_section(warnings: Sequence[str]) -> str:
+    """A report's warnings as Markdown, before its table; nothing when there are none."""
+    if not warnings:
+        return ""
+    return "## Warnings\n\n" + "".join(f"- {w}\n" for w in warnings) + "\n"
 
 
 SUMMARY_COLUMNS = [
@@ -143,9 +205,11 @@ def write_sweep_reports(rows: list[dict[str, Any]], out: Path, title: str) -> li
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path, png_path = out / "sweep.csv", out / "sweep.md", out / "sweep.png"
     write_csv(rows, csv_path)
+    warnings = row_warnings(rows)
     md_path.write_text(
-        f"# Sweep: {title}\n\n{markdown_table(rows, SUMMARY_COLUMNS)}\n\n"
+        f"# Sweep: {title}\n\n{warning_section(warnings)}"
+        f"{markdown_table(rows, SUMMARY_COLUMNS)}\n\n"
         f"All columns: `sweep.csv`. Plot: `sweep.png`.\n"
     )
-    plot_throughput_against_p99(rows, png_path, title)
+    plot_throughput_against_p99(rows, png_path, title, warnings=warnings)
     return [csv_path, md_path, png_path]

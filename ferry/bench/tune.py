@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -40,6 +40,8 @@ class TuneResult:
     best: Trial | None
     runners_up: list[Trial]
     trials: list[Trial]
+    unmeasured: list[ServerConfig] = field(default_factory=list)
+    """Configurations left out when ``fits`` said the time was up."""
 
 
 Evaluate = Callable[[ServerConfig, int], Trial]
@@ -69,9 +71,16 @@ def search(
     concurrencies: list[int],
     slo_ms: float,
     runners_up: int = 3,
+    fits: Callable[[], bool] = lambda: True,
 ) -> TuneResult:
+    """``fits`` is asked before each configuration whether one more still fits the time
+    budget; when not, the rest are ``unmeasured``."""
     trials: list[Trial] = []
-    for config in configs:
+    configs, unmeasured = list(configs), []
+    for index, config in enumerate(configs):
+        if not fits():
+            unmeasured = configs[index:]
+            break
         for concurrency in sorted(concurrencies):
             trial = evaluate(config, concurrency)
             trials.append(trial)
@@ -82,7 +91,7 @@ def search(
     for trial in meeting:
         best_per_config.setdefault(trial.config, trial)
     ranked = list(best_per_config.values())
-    return TuneResult(ranked[0] if ranked else None, ranked[1 : 1 + runners_up], trials)
+    return TuneResult(ranked[0] if ranked else None, ranked[1 : 1 + runners_up], trials, unmeasured)
 
 
 def requests_for_percentile(percentile: float, concurrency: int, tail_samples: int = 10) -> int:

@@ -160,8 +160,25 @@ def load_specs(args: argparse.Namespace, payloads: list[bytes]) -> list[LoadSpec
     ]
 
 
+def _plot_rates(summaries: list[dict[str, Any]], path: Path, url: str, seed: int) -> None:
+    """p50/p99 of successful answers per offered rate, the share shed or failed beneath,
+    and the sweep's warnings on the picture."""
+    from ferry.bench.latency_plot import plot_latency_against_load
+    from ferry.bench.load_report import failure_shares, rate_warnings
+    from ferry.bench.sweep_report import conditions
+
+    plot_latency_against_load(
+        {"measured": [(s["rate"], s["p50_ms"], s["p99_ms"]) for s in summaries]},
+        path,
+        f"ferry bench load: {url}",
+        f"{summaries[0]['traffic'].split(' ')[0]} arrivals, seed {seed}; " + conditions(),
+        failures=failure_shares(summaries),
+        warnings=rate_warnings(summaries),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from ferry.bench.load_report import format_summary, plot_latency_against_load, rate_table
+    from ferry.bench.load_report import format_summary, rate_table
     from ferry.bench.target_types import Unreachable, UnsupportedTarget
 
     try:
@@ -193,16 +210,7 @@ def run(args: argparse.Namespace) -> int:
         document: Any = summaries[0] if len(summaries) == 1 else {"rates": summaries}
         (args.out / "load.json").write_text(json.dumps(document, indent=2))
         if len(specs) > 1:
-            from ferry.bench.sweep_report import conditions
-
-            points = [(s["rate"], s["p50_ms"], s["p99_ms"]) for s in summaries]
-            plot_latency_against_load(
-                {"measured": points},
-                args.out / "load.png",
-                f"ferry bench load: {args.url}",
-                f"{summaries[0]['traffic'].split(' ')[0]} arrivals, seed {args.seed}; "
-                + conditions(),
-            )
+            _plot_rates(summaries, args.out / "load.png", args.url, args.seed)
             print(f"wrote {args.out / 'load.png'}")
     worst = max(s["error_rate"] for s in summaries)
     if worst > args.max_error_rate:

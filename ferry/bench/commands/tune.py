@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.bench.commands.arguments import duration_ms, int_list
-from ferry.bench.commands.progress import Eta, row_line
+from ferry.bench.commands.progress import row_line
 
 if TYPE_CHECKING:  # the bench extra is imported when a command runs, not when it parses
     from ferry.bench.servers import ServerConfig
     from ferry.bench.sweep import SweepSpec
     from ferry.bench.tune import Trial, TuneResult
+    from ferry.bench.tune_budget import Fitted, Grid, Progress
 
 HELP: str = "highest throughput whose p99 meets an SLO; writes model-config.yaml"
 DESCRIPTION: str | None = None
@@ -42,6 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="per measurement (default: enough for ten answers beyond p99, and ten per client)",
     )
+    parser.add_argument(
+        "--budget",
+        default="5m",
+        help="the most the search may take, e.g. 5m, 90s, 1h (default 5m): the grid is "
+        "thinned until its worst case fits, saying what was left out",
+    )
+    parser.add_argument(
+        "--point-seconds",
+        type=float,
+        default=10.0,
+        help="the longest one measurement runs (default 10): it stops at its requests or "
+        "at this, whichever comes first",
+    )
     parser.add_argument("--out", type=Path, default=Path("tune-results"))
     parser.add_argument(
         "--archive",
@@ -51,20 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class _Grid:
-    """What the arguments ask to search."""
+class _Search:
+    """What the arguments ask: the grid, the SLO, the inputs and the time allowed."""
 
     slo_ms: float
-    batch_sizes: list[int]
-    delays: list[int]
-    workers: list[int]
-    concurrencies: list[int]
-    precisions: list[str]
+    grid: Grid
     inputs: list[Path]
+    budget_s: float
+    point_s: float
 
 
-def _grid(args: argparse.Namespace) -> _Grid:
-    """The search's grid from the arguments; ``ValueError`` saying what is wrong."""
+def _search(args: argparse.Namespace) -> _Search:
+    """The search from the arguments; ``ValueError`` saying what is wrong."""
+    from ferry.bench.tune_budget import Grid, parse_budget
     from ferry.config.settings import available_cores
 
     slo_ms = duration_ms(args.slo_p99)
@@ -81,8 +94,21 @@ def _grid(args: argparse.Namespace) -> _Grid:
             f"--requests {args.requests} is fewer than the highest concurrency "
             f"{max(concurrencies)}: some clients would send nothing"
         )
+    if args.point_seconds <= 0:
+        raise ValueError("--point-seconds must be positive")
     batch_sizes, delays = int_list(args.batch_sizes), int_list(args.delays, minimum=0)
-    return _Grid(slo_ms, batch_sizes, delays, workers, concurrencies, precisions, inputs)
+    grid = Grid(batch_sizes, delays, workers, precisions, sorted(concurrencies))
+    return _Search(slo_ms, grid, inputs, parse_budget(args.budget), args.point_seconds)
+
+
+def _fit(search: _Search) -> Fitted:
+    """The grid thinned to the budget, its estimate printed up front."""
+    from ferry.bench.tune_budget import Costs, estimate_lines, fit_to_budget
+
+    fitted = fit_to_budget(search.grid, Costs(point_s=search.point_s), search.budget_s)
+    for line in estimate_lines(fitted, search.budget_s):
+        print(f"ferry bench tune: {line}", file=sys.stderr)
+    return fitted
 
 
 def _warn_if_few_requests(requests: int | None) -> None:
@@ -102,7 +128,7 @@ class _Trials:
     configuration: started at its first point, stopped when the next configuration comes."""
 
     def __init__(
-        self, stack: contextlib.ExitStack, spec: SweepSpec, out: Path, configs: int
+        self, stack: contextlib.ExitStack, spec: SweepSpec, out: Path, progress: Progress
     ) -> None:
         from ferry.bench.servers import model_identity
 
@@ -110,7 +136,7 @@ class _Trials:
         self._name, _ = model_identity(spec.model)
         self._current: dict[str, Any] = {}
         self.rows: list[dict[str, Any]] = []
-        self._eta = Eta(configs * len(spec.concurrency))
+        self.progress = progress
 
     def __call__(self, config: ServerConfig, concurrency: int) -> Trial:
         from ferry.bench.sweep import failed_row, measure
@@ -123,13 +149,14 @@ class _Trials:
         else:
             server = current["server"]
             requests = spec.requests or requests_for_percentile(99, concurrency)
-            point = dataclasses.replace(spec, requests=requests)
+            point = dataclasses.replace(spec, requests=requests)  # cut at spec.duration
             urls = server.inference_url, server.metrics_url
             row = measure(*urls, self._name, point, concurrency, config)
             p99 = row["Latency P99"] if row["Latency P99"] is not None else math.inf
             trial = Trial(config, concurrency, row["Throughput"], p99, row["Error rate"])
         self.rows.append(row)
-        print(f"{row_line(row)} ({self._eta.step()})", file=sys.stderr)
+        higher = sum(1 for c in spec.concurrency if c > concurrency)
+        print(f"{row_line(row)} ({self.progress.step(higher)})", file=sys.stderr)
         return trial
 
     def _server_for(self, config: ServerConfig) -> dict[str, Any]:
@@ -142,6 +169,7 @@ class _Trials:
         self._stack.close()  # the previous configuration's server
         current.clear()
         folder = self._out / "servers" / config_label(config)
+        began = self.progress.now()
         try:
             server = start_server("ferry", self._spec.model, config, folder)
             current["server"] = self._stack.enter_context(server)
@@ -150,25 +178,27 @@ class _Trials:
         current["config"] = config
         if "server" in current:
             warm_up(current["server"].inference_url, self._name, self._spec)
+        self.progress.started(self.progress.now() - began)
         return current
 
 
 def run(args: argparse.Namespace) -> int:
     from ferry.bench.servers import model_config_document
     from ferry.bench.sweep import SweepSpec
-    from ferry.bench.tune import configurations, search
+    from ferry.bench.tune import search
+    from ferry.bench.tune_budget import Costs, Progress, budget_notes
 
     try:
-        grid = _grid(args)
+        asked = _search(args)
+        fitted = _fit(asked)
     except ValueError as exc:
         print(f"ferry bench tune: {exc}", file=sys.stderr)
         return 2
     _warn_if_few_requests(args.requests)
-    model, out = args.model.resolve(), args.out.resolve()
-    configs = configurations(grid.batch_sizes, grid.delays, grid.workers, grid.precisions)
+    model, out, grid = args.model.resolve(), args.out.resolve(), fitted.grid
     spec = SweepSpec(
         model,
-        grid.inputs,
+        asked.inputs,
         args.content_type,
         grid.batch_sizes,
         grid.delays,
@@ -176,14 +206,19 @@ def run(args: argparse.Namespace) -> int:
         grid.concurrencies,
         grid.precisions,
         args.requests,
-        None,
+        asked.point_s,
         "ferry",
     )
     base_config = model_config_document(model)
+    progress = Progress(grid, Costs(point_s=asked.point_s), asked.budget_s)
     with contextlib.ExitStack() as stack:
-        trials = _Trials(stack, spec, out, len(configs))
-        result = search(trials, configs, grid.concurrencies, grid.slo_ms)
-    return _report(model, out, grid.slo_ms, trials.rows, result, base_config, args.archive)
+        trials = _Trials(stack, spec, out, progress)
+        result = search(
+            trials, grid.configurations(), grid.concurrencies, asked.slo_ms, fits=progress.fits
+        )
+    print(f"ferry bench tune: took {progress.elapsed_s:.0f} s", file=sys.stderr)
+    notes = budget_notes(fitted, result.unmeasured, asked.budget_s)
+    return _report(model, out, asked.slo_ms, trials.rows, result, base_config, args.archive, notes)
 
 
 def _report(
@@ -194,17 +229,22 @@ def _report(
     result: TuneResult,
     base_config: dict[str, Any],
     archive: bool,
+    notes: list[str],
 ) -> int:
-    """tune.csv, tune.png, and with a configuration that met the SLO: model-config.yaml,
-    tune.md (it and the runners-up), and the archive when asked; 1 when none met it."""
-    from ferry.bench.sweep_report import plot_throughput_against_p99, write_csv
+    """tune.csv, tune.png, tune.md (its warnings; with a configuration that met the SLO,
+    it and the runners-up), model-config.yaml and the archive when asked; 1 when none met
+    it. The warnings go on the plot as in tune.md, and are printed."""
+    from ferry.bench.sweep_report import plot_throughput_against_p99, row_warnings, write_csv
     from ferry.bench.tune import model_config_yaml
 
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "tune.csv")
-    chosen = result.best
+    chosen, warnings = result.best, notes + row_warnings(rows)
     title = f"ferry bench tune: {model.name}, p99 SLO {slo_ms:g} ms"
-    plot_throughput_against_p99(rows, out / "tune.png", title, slo_ms, chosen=chosen)
+    plot_throughput_against_p99(rows, out / "tune.png", title, slo_ms, chosen, warnings)
+    for warning in warnings:
+        print(f"ferry bench tune: warning: {warning}", file=sys.stderr)
+    _write_ranking(model, out, slo_ms, [chosen, *result.runners_up] if chosen else [], warnings)
     if chosen is None:
         failures = sorted({t.failure for t in result.trials if t.failure})
         print(f"no configuration met p99 <= {slo_ms:g} ms; see {out / 'tune.csv'}")
@@ -212,13 +252,19 @@ def _report(
             print(f"  a configuration failed: {failure}")
         return 1
     (out / "model-config.yaml").write_text(model_config_yaml(chosen, slo_ms, base_config))
-    _write_ranking(model, out, slo_ms, [chosen, *result.runners_up])
     _write_tuned(model, out, base_config, chosen, archive)
     return 0
 
 
-def _write_ranking(model: Path, out: Path, slo_ms: float, ranked: list[Trial]) -> None:
-    from ferry.bench.sweep_report import markdown_table
+def _write_ranking(
+    model: Path, out: Path, slo_ms: float, ranked: list[Trial], warnings: list[str]
+) -> None:
+    from ferry.bench.sweep_report import markdown_table, warning_section
+
+    heading = f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{warning_section(warnings)}"
+    if not ranked:
+        (out / "tune.md").write_text(f"{heading}No configuration met the SLO.\n")
+        return
 
     table = [
         {
@@ -234,7 +280,7 @@ def _write_ranking(model: Path, out: Path, slo_ms: float, ranked: list[Trial]) -
         for i, t in enumerate(ranked)
     ]
     text = markdown_table(table, list(table[0]))
-    (out / "tune.md").write_text(f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{text}\n")
+    (out / "tune.md").write_text(f"{heading}{text}\n")
     print(text)
 
 
