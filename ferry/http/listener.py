@@ -26,6 +26,7 @@ from ferry.config.settings import Address, ServerSettings
 from ferry.errors import ConfigError
 from ferry.grpc.tls import security_level_refusal
 from ferry.http.auth import TokenAuth
+from ferry.http.connections import closing, torchserve_connections
 from ferry.http.inference import inference_app
 from ferry.http.management import management_app
 from ferry.http.metrics import metrics_app
@@ -172,10 +173,7 @@ def closing_connections(app: ASGIApp, draining: Callable[[], bool]) -> ASGIApp:
             return
 
         async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
+            await send(closing(message) if message["type"] == "http.response.start" else message)
 
         await app(scope, receive, send_closing)
 
@@ -194,6 +192,7 @@ class HttpListener:
     ) -> None:
         self.address = address
         app = with_cors(without_trailing_slash(closing_connections(app, draining)), settings)
+        app = torchserve_connections(app, settings.max_request_size)
         self._server = QuietUvicorn(_uvicorn_config(app, address, settings))
         self._socket: socket.socket | None = None
         self._serving = False

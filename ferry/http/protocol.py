@@ -219,6 +219,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_started = None
         self._trailer_bytes = 0
         super().on_message_complete()
+        if self.cycle.response_complete and not self.pipeline:
+            self._rearm_keep_alive()
+
+    def _rearm_keep_alive(self) -> None:
+        """The answer went before the body ended: uvicorn armed its keep-alive timeout with
+        the answer and cancelled it on the next read (the rest of the body), and arms it
+        again only with an answer; without this the idle connection stays open for ever."""
+        self._unset_keepalive_if_required()
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     # Answers
 

@@ -288,3 +288,19 @@ def test_a_body_after_the_answer_is_not_answered_twice(connect: Connect) -> None
     assert conn.transport.status() == 200
     conn.loop.advance(7)
     assert conn.transport.closed and conn.transport.written.count(b"HTTP/1.1") == 1
+
+
+def test_a_body_that_ends_after_the_answer_leaves_the_connection_to_the_keep_alive_timeout(
+    connect: Connect,
+) -> None:
+    """The answer went first, the rest of the body came after (newman's upload to an
+    unknown model): the connection must still close when idle, not stay open for ever."""
+    conn = connect(ok_app)
+    conn.send(b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 400)
+    assert conn.transport.status() == 200
+    conn.loop.advance(1)
+    conn.send(b"x" * 600)  # the body ends; uvicorn cancelled its keep-alive timer on this read
+    conn.loop.advance(74)
+    assert not conn.transport.closed
+    conn.loop.advance(1)
+    assert conn.transport.closed and conn.transport.written.count(b"HTTP/1.1") == 1
