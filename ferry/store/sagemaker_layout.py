@@ -23,10 +23,14 @@ WEIGHT_SUFFIXES = (".pt", ".pth")
 
 def is_sagemaker_model(model_dir: Path) -> bool:
     """A ``code/`` folder, or a ``.pt``/``.pth`` file at the top (the default
-    ``model_fn``'s TorchScript model)."""
+    ``model_fn``'s TorchScript model) with no Python file beside it: a TorchServe model
+    folder that lost its manifest (a handler ``.py`` beside its weights) is not taken for
+    one, and keeps its "no MAR-INF/MANIFEST.json" error."""
     if (model_dir / CODE_DIR).is_dir():
         return True
-    return any(p.is_file() and p.suffix in WEIGHT_SUFFIXES for p in model_dir.iterdir())
+    files = [p for p in model_dir.iterdir() if p.is_file()]
+    has_weights = any(p.suffix in WEIGHT_SUFFIXES for p in files)
+    return has_weights and not any(p.suffix == ".py" for p in files)
 
 
 def sagemaker_manifest(model_dir: Path) -> dict[str, Any]:

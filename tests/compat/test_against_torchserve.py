@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.common import detailed_photo
 from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures import raw_http
 from tests.fixtures.models import (
     DOUBLING_MODEL,
     HANDLERS,
@@ -617,6 +618,25 @@ def test_an_archives_worker_pair_wins_over_initial_workers(pair: Pair) -> None:
         assert counts == [2, 2], counts
     finally:
         _both(pair, "DELETE", "/models/stateful_registered", api="management")
+
+
+def test_an_unread_body_then_an_error_is_used_as_torchserve_uses_the_connection(
+    pair: Pair,
+) -> None:
+    """Issue 50, item 6 (newman kept two connections open and ran on): a POST to an
+    unknown model, its photo-sized body sent in two halves. Both servers answer only once
+    the whole body is in, 404 with ``Connection: close``, and close the connection."""
+    body = b"\xff\xd8" + b"j" * (300 * 1024 - 2)
+    for server in (pair.torchserve, pair.ferry):
+        with raw_http.connect(server.url) as sock:
+            head = raw_http.request_head("POST", "/predictions/absent", len(body))
+            sock.sendall(head + body[: len(body) // 2])
+            assert raw_http.nothing_arrives(sock), f"{server.url}: answered mid-body"
+            sock.sendall(body[len(body) // 2 :])
+            status, answer_head, _ = raw_http.read_answer(sock)
+            assert status == 404, server.url
+            assert b"connection: close" in answer_head.lower(), server.url
+            assert raw_http.closed(sock), server.url
 
 
 # -- workflows ---------------------------------------------------------------------------

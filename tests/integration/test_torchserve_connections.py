@@ -10,19 +10,15 @@ is only a hang guard.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 
+from tests.fixtures.raw_http import closed, connect, nothing_arrives, read_answer, request_head
 from tests.fixtures.server import RunningServer, ferry_server
 
 MAX_REQUEST_SIZE = 512 * 1024
 BODY = b"\xff\xd8" + b"j" * (300 * 1024 - 2)  # a photo's size, under MAX_REQUEST_SIZE
-QUIET = 0.5
-"""How long a test waits to see that no answer has come."""
-HANG_GUARD = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -32,52 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     store.mkdir()
     with ferry_server(store, [], tmp, "--max-request-size", str(MAX_REQUEST_SIZE)) as running:
         yield running
-
-
-def connect(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    return socket.create_connection((parts.hostname, parts.port), timeout=HANG_GUARD)
-
-
-def request_head(method: str, path: str, length: int, *extra: str) -> bytes:
-    fields = "".join(f"{field}\r\n" for field in extra)
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n{fields}"
-    return f"{head}Content-Length: {length}\r\n\r\n".encode()
-
-
-def nothing_arrives(sock: socket.socket) -> bool:
-    sock.settimeout(QUIET)
-    try:
-        return sock.recv(65536) == b""  # b"": closed, which is not an answer either
-    except TimeoutError:
-        return True
-    finally:
-        sock.settimeout(HANG_GUARD)
-
-
-def read_answer(sock: socket.socket) -> tuple[int, bytes, bytes]:
-    """One answer (status, head, body), framed by its Content-Length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before an answer: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.lower().split(b"\r\n")
-        if line.startswith(b"content-length:")
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "closed within an answer"
-        body += chunk
-    return int(head.split(b" ", 2)[1]), head, body
-
-
-def closed(sock: socket.socket) -> bool:
-    return sock.recv(65536) == b""
 
 
 def test_an_unread_body_is_received_before_the_error_answer_which_closes(

@@ -198,3 +198,10 @@ def test_a_folder_in_sagemakers_layout_reads_as_the_built_in_handlers_model(tmp_
     (tmp_path / "neither").mkdir()
     with pytest.raises(Exception, match="no MAR-INF"):
         Manifest.read(tmp_path / "neither")
+    # A TorchServe model folder that lost its manifest (a handler beside its weights) is
+    # not taken for SageMaker's layout: it keeps its error.
+    torchserve_like = tmp_path / "lost_manifest"
+    scripted_model(torchserve_like)
+    (torchserve_like / "handler.py").write_text("def handle(data, context):\n    return data\n")
+    with pytest.raises(Exception, match="no MAR-INF"):
+        Manifest.read(torchserve_like)
