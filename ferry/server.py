@@ -133,7 +133,8 @@ def _grpc_enabled(settings: ServerSettings) -> bool:
 def _grpc_off_note(settings: ServerSettings) -> str | None:
     """Why the gRPC APIs are off though nothing switched them off (grpcio is missing): a
     log line, so a user who expected ports 7070/7071 learns why they are closed."""
-    if settings.enable_grpc is not False and not ferry_grpc.available():
+    asked = settings.enable_grpc is not None or settings.grpc_requested  # then it says
+    if not asked and not ferry_grpc.available():
         return f"gRPC APIs off: grpcio is not installed ({ferry_grpc.INSTALL_HINT})"
     return None
 

@@ -51,8 +51,9 @@ from ferry.store.archive import ModelArchive
 from ferry.store.workdir import open_work_dir
 
 log = logging.getLogger("ferry")
-RAY_COLOUR_VARIABLE = "RAY_COLOR_PREFIX"
-"""Ray's switch for the colour codes around relayed worker lines (``0``: none)."""
+RAY_PLAIN_LOG_VARIABLES = ("RAY_COLOR_PREFIX", "RAY_DEDUP_LOGS")
+"""Ray's switches for colour codes around relayed worker lines and for deduplicating
+them (whose note is always coloured): ``0`` turns each off."""
 
 CONTROLLER_ENVIRONMENT = {
     "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
@@ -140,6 +141,13 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
     application. Exit codes as ``ferry serve``'s (``ConfigError``: 2)."""
     if not available():
         raise ConfigError(f"--ray needs Ray Serve, which is not installed: {INSTALL_HINT}")
+    # Set before Ray is imported, which reads them. Ray colours the prefix of the lines it
+    # relays from its workers, and always the note it adds to a line it deduplicates
+    # ("[repeated 2x across cluster]"); in Ferry's log (a file, JSON lines) escape codes
+    # are noise. So no colour and no deduplication (each line kept, with its pid) unless
+    # the operator sets either variable.
+    for variable in RAY_PLAIN_LOG_VARIABLES:
+        os.environ.setdefault(variable, "0")
     import ray
     import uvicorn
     from ray import serve
@@ -153,9 +161,6 @@ def run_on_ray(settings: ServerSettings, address: str | None) -> int:
     inference_key = keys.keys.inference if keys and not inference.is_loopback else None
     # A Ray this process starts is shut down with it; a cluster it joins is left running.
     started_here = address is None and not os.environ.get("RAY_ADDRESS")
-    # Ray colours the prefix of the lines it relays from its workers; in Ferry's log (a
-    # file, JSON lines) the escape codes are noise. An operator's own setting wins.
-    os.environ.setdefault(RAY_COLOUR_VARIABLE, "0")
     ray.init(address=address or None, namespace="ferry", logging_level=logging.WARNING)
     try:
         # One proxy, on the head node: every node's would take the same port.

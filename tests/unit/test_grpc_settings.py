@@ -79,6 +79,9 @@ def test_without_grpcio_a_grpc_setting_stops_start_up_naming_the_extra(
     note = server._grpc_off_note(ServerSettings())
     assert note is not None and "grpcio is not installed" in note and "[grpc]" in note
     assert server._grpc_off_note(ServerSettings(enable_grpc=False)) is None
+    # Asked for, it is start-up's error that says so, once (test_missing_extras).
+    assert server._grpc_off_note(ServerSettings(enable_grpc=True)) is None
+    assert server._grpc_off_note(ServerSettings(grpc_inference_port=7070)) is None
     for asked in (ServerSettings(grpc_inference_port=7070), ServerSettings(enable_grpc=True)):
         with pytest.raises(ConfigError, match=r"pip install 'ferry-serve\[grpc\]'"):
             server._grpc_enabled(asked)
