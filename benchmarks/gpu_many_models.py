@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import statistics
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import closed_loop, machine_description, publish
+from benchmarks.many_models import pss
 from benchmarks.server import BenchmarkServer, ferry_server
 from examples.models.resnet import resnet18
 from ferry.store.writer import ArchiveSpec, write_archive
@@ -133,15 +133,6 @@ def server_pids(frontend: int) -> set[int]:
     from benchmarks.gpu_kit.runner import descendants
 
     return {frontend, *descendants(frontend)}
-
-
-def pss(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    match = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else 0
 
 
 def answer_all(server: BenchmarkServer, names: list[str], payload: bytes, launched: float) -> float:

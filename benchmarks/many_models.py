@@ -88,10 +88,11 @@ class Server:
         return found
 
     def pss_bytes(self) -> int:
-        return sum(_pss(pid) for pid in self.processes())
+        return sum(pss(pid) for pid in self.processes())
 
 
-def _pss(pid: int) -> int:
+def pss(pid: int) -> int:
+    """A process's proportional set size, in bytes (0 once it is gone)."""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:

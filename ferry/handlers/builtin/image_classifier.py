@@ -240,13 +240,13 @@ def _with_failures(answers: list[Any], failures: dict[int, Exception], size: int
     return [failures[i] if i in failures else next(remaining) for i in range(size)]
 
 
-class ImageClassifier(VisionHandler):
-    topk = 5
+class TopClasses:
+    """The ``topk`` classes' probabilities as ``{label: p}`` per row (TorchServe's image
+    classifier answer), with its ``set/get_max_result_classes``; for a handler whose
+    ``mapping`` holds the labels."""
 
-    def initialize(self, context: Context) -> None:
-        super().initialize(context)
-        section = context.model_yaml_config.get("image_classifier")
-        self.topk = read_section(ImageClassifierConfig, section, "image_classifier").topk
+    topk = 5
+    mapping: Any
 
     def set_max_result_classes(self, topk: int) -> None:
         self.topk = topk
@@ -259,3 +259,10 @@ class ImageClassifier(VisionHandler):
         k = min(self.topk, probabilities.shape[1])
         top_probs, top_classes = torch.topk(probabilities, k, dim=1)
         return map_class_to_label(top_probs.tolist(), self.mapping, top_classes.tolist())
+
+
+class ImageClassifier(TopClasses, VisionHandler):
+    def initialize(self, context: Context) -> None:
+        super().initialize(context)
+        section = context.model_yaml_config.get("image_classifier")
+        self.topk = read_section(ImageClassifierConfig, section, "image_classifier").topk

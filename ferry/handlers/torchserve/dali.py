@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from ferry.handlers.builtin.base_handler import BaseHandler
+from ferry.handlers.builtin.image_classifier import TopClasses
 from ferry.handlers.builtin.insights import IntegratedGradients
 from ferry.handlers.contract.context import Context
-from ferry.handlers.torchserve.ts_utils import map_class_to_label
 from ferry.handlers.torchserve.unsupported import NotSupportedByFerry
 
 PIPELINE_KEYS = ("batch_size", "num_threads", "device_id", "seed")
@@ -107,20 +107,6 @@ class DALIHandler(BaseHandler):
         return self._insights.attribute(tensor_data, int(target))
 
 
-class DALIImageClassifier(DALIHandler):
+class DALIImageClassifier(TopClasses, DALIHandler):
     """The ``dali_image_classifier`` handler: DALI's preprocessing, then the top
     ``topk`` classes' probabilities as ``{label: p}``."""
-
-    topk = 5
-
-    def set_max_result_classes(self, topk: int) -> None:
-        self.topk = topk
-
-    def get_max_result_classes(self) -> int:
-        return self.topk
-
-    def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
-        probabilities = torch.softmax(data.float(), dim=1)
-        k = min(self.topk, probabilities.shape[1])
-        top_probs, top_classes = torch.topk(probabilities, k, dim=1)
-        return map_class_to_label(top_probs.tolist(), self.mapping, top_classes.tolist())
