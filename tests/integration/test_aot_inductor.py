@@ -37,6 +37,8 @@ from PIL import Image
 from torch import nn
 
 from ferry.config.settings import available_cores
+from ferry.errors import ArchiveError
+from ferry.handlers.builtin.aot_check import answers_in_fresh_process
 from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.torch_setup import SPARE_READY
 from tests.fixtures.models import HANDLERS, write_config
@@ -551,3 +553,10 @@ def test_models_differing_only_in_forward_never_share_compiled_graphs(tmp_path: 
                         assert answer.json() == {"output": [expected] * 3, "batch": 2}
             saved = list((tmp_path / "shared-cache" / "ferry-precompiled").glob("*.bin"))
             assert len(saved) == 2, saved  # one file each: neither loaded the other's
+
+
+def test_a_package_that_cannot_load_is_refused_by_the_child(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"not a zip file")
+    with pytest.raises(ArchiveError, match=r"broken\.pt2: the compiled package could not"):
+        answers_in_fresh_process(broken, torch.device("cpu"), [torch.zeros(1, 3)])

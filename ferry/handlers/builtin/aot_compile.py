@@ -21,12 +21,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ferry.errors import ArchiveError
-from ferry.handlers.builtin.aot_package import MAX_BATCH_KEY, TORCH_KEY, load_package_file
+from ferry.handlers.builtin.aot_check import answers_in_fresh_process, tensors
+from ferry.handlers.builtin.aot_package import MAX_BATCH_KEY, TORCH_KEY
 from ferry.handlers.builtin.model_loading import load_eager_model
 
 CPU = torch.device("cpu")
@@ -117,8 +117,7 @@ def compile_package(
             inductor_configs={"aot_inductor.metadata": metadata},
         )
     seconds = time.monotonic() - started
-    compiled = load_package_file(Path(path), device)
-    difference = _max_difference(model, compiled, input_shape, max_batch, device)
+    difference = _max_difference(model, Path(path), input_shape, max_batch, device)
     if difference > tolerance:
         Path(path).unlink(missing_ok=True)
         raise ArchiveError(
@@ -130,34 +129,26 @@ def compile_package(
 
 def _max_difference(
     model: torch.nn.Module,
-    compiled: Any,
+    package: Path,
     input_shape: tuple[int, ...],
     max_batch: int,
     device: torch.device,
 ) -> float:
-    worst = 0.0
     generator = torch.Generator().manual_seed(0)
+    sizes = sorted({1, max_batch})
+    batches = [torch.randn(rows, *input_shape, generator=generator) for rows in sizes]
+    answers = answers_in_fresh_process(package, device, batches)
+    worst = 0.0
     with torch.no_grad():
-        for rows in sorted({1, max_batch}):
-            batch = torch.randn(rows, *input_shape, generator=generator).to(device)
-            expected, got = _tensors(model(batch)), _tensors(compiled(batch))
+        for batch, got in zip(batches, answers, strict=True):
+            expected = tensors(model(batch.to(device)))
             if len(expected) != len(got):
                 raise ArchiveError(
                     f"the compiled model gives {len(got)} tensors, the model {len(expected)}"
                 )
             for want, have in zip(expected, got, strict=True):
-                worst = max(worst, (want.float() - have.float()).abs().max().item())
+                worst = max(worst, (want.float().cpu() - have.float()).abs().max().item())
     return worst
-
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (list, tuple)):
-        return [t for item in output for t in _tensors(item)]
-    if isinstance(output, dict):
-        return [t for key in sorted(output) for t in _tensors(output[key])]
-    return []
 
 
 def _first_line(error: BaseException) -> str:
