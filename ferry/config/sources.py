@@ -6,9 +6,10 @@
 4. the config file, TorchServe's ``config.properties`` (``--ts-config FILE``);
 5. the defaults in ``ServerSettings``.
 
-Every option is declared once, in ``ferry.config.options``: its config.properties key names
-its flag and environment variables. Unknown keys warn, naming a close known one ("did you
-mean ...?"); invalid values stop start-up naming the key.
+Every setting is declared once, as a ``ServerSettings`` field (``ferry.config.settings``;
+``ferry.config.options`` lists them): its config.properties key names its flag and
+environment variables. Unknown keys warn, naming a close known one ("did you mean ...?");
+invalid values stop start-up naming the key.
 """
 
 from __future__ import annotations

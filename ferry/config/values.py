@@ -19,16 +19,16 @@ from urllib.parse import urlsplit
 import yaml
 
 from ferry.config.image_limits import DEFAULT_MAX_IMAGE_PIXELS
-from ferry.config.settings import (
-    ENVELOPES,
-    METRIC_TYPES,
-    TORCHSERVE_MODEL_METRICS,
-    Address,
-    ModelMetric,
-)
+from ferry.config.value_types import TORCHSERVE_MODEL_METRICS, Address, ModelMetric
 from ferry.errors import ConfigError
 
 Parser = Callable[[str, str], Any]
+
+ENVELOPES = ("json", "body", "kserve", "kservev2")
+"""TorchServe's request envelopes (``service_envelope``)."""
+
+METRIC_TYPES = ("counter", "gauge", "histogram")
+"""The metric types of a metrics_config file (TorchServe's ``MetricTypes`` values)."""
 
 
 @dataclass(frozen=True)
