@@ -26,6 +26,7 @@ COPY pyproject.toml README.md ./
 COPY ferry ./ferry
 RUN scripts/install.sh /opt/ferry/venv runtime && rm -rf /root/.cache
 COPY deploy/kserve/torchserve /usr/local/bin/torchserve
+COPY deploy/sagemaker/serve /usr/local/bin/serve
 
 # TMPDIR: where Ferry unpacks archives and keeps compile caches (a tmpfs or emptyDir under
 # a read-only root); logs go to the container's output, not to files.
@@ -37,5 +38,6 @@ USER 1000
 WORKDIR /home/model-server
 # Inference, management, metrics; gRPC inference and management.
 EXPOSE 8080 8081 8082 7070 7071
-# KServe passes `torchserve --start ...`; anything else runs as given.
+# KServe passes `torchserve --start ...`, SageMaker `serve` (ferry sagemaker-serve, port
+# 8080, /opt/ml/model); anything else runs as given.
 CMD ["ferry", "serve", "--foreground", "--model-store", "/mnt/models/model-store"]

@@ -66,6 +66,26 @@ def memory_bytes() -> tuple[int, int]:
     return values.get("MemTotal", 0), values.get("MemAvailable", 0)
 
 
+CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
+
+
+def memory_limit_bytes(limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
+    """The memory this process's container may use: its cgroup's limit, else (no limit,
+    or none readable) the host's total; 0 when neither can be read."""
+    total = memory_bytes()[0]
+    for path in limits:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a huge number (v1) mean no limit
+            return min(int(text), total) if total else int(text)
+    return total
+
+
 def descendants(root: int) -> list[int]:
     """``root``'s child processes, theirs, and so on (from each process's parent in /proc)."""
     parents: dict[int, int] = {}

@@ -45,6 +45,7 @@ only then, so a server without the extra never imports grpcio.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -197,9 +198,22 @@ class _StopSignals:
         self.requested.set()
 
 
-async def run_server(settings: ServerSettings) -> int:
+def listeners_with(name: str, build: ListenerFactory) -> tuple[ListenerSpec, ...]:
+    """``LISTENERS`` with the row ``name`` built by ``build`` (``ferry sagemaker-serve``'s
+    inference API, with SageMaker's multi-model routes)."""
+    if name not in {spec.name for spec in LISTENERS}:
+        raise ValueError(f"no listener {name!r}")
+    return tuple(
+        dataclasses.replace(spec, build=build) if spec.name == name else spec for spec in LISTENERS
+    )
+
+
+async def run_server(
+    settings: ServerSettings, listener_specs: Sequence[ListenerSpec] = LISTENERS
+) -> int:
     """Serve until SIGINT or SIGTERM; returns the exit code (see the module docstring).
-    Raises ``ConfigError`` for the exit-2 cases, after cleaning up."""
+    Raises ``ConfigError`` for the exit-2 cases, after cleaning up. ``listener_specs``:
+    the APIs to serve (``LISTENERS``, or ``listeners_with``'s)."""
     stop = _StopSignals()
     stop.install(asyncio.get_running_loop())
     apis = Apis.local(settings)
@@ -216,7 +230,7 @@ async def run_server(settings: ServerSettings) -> int:
             log.info("%s", note)
         built = [
             (spec, spec.build(spec.address(settings), apis, settings, _keys(keys)))
-            for spec in LISTENERS
+            for spec in listener_specs
             if spec.enabled(settings)
         ]
         listeners = [listener for _, listener in built]

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from ferry import __version__
-from ferry.cli import archive, bench, serve, workflow_archive
+from ferry.cli import archive, bench, sagemaker, serve, workflow_archive
 from ferry.logs import PLAIN_FORMAT
 from ferry.suggest import did_you_mean
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(commands)
+    sagemaker.add_parser(commands)
     archive.add_parser(commands)
     workflow_archive.add_parser(commands)
     bench.add_parser(commands)

@@ -124,7 +124,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return load_settings(flags_from_args(args), os.environ, config_file_from_args(args))
 
 
-def _run_loop(coroutine: Any) -> int:
+def run_loop(coroutine: Any) -> int:
+    """Run the server's coroutine on uvloop when it is installed, else asyncio's loop."""
     try:
         import uvloop
     except ImportError:
@@ -171,7 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
     # A source like the others, once logging is set; as in TorchServe, only a start with no
     # config file restores the latest snapshot.
     settings = restore_snapshot(settings, config_file_from_args(args))
-    return _run_loop(run_server(settings))
+    return run_loop(run_server(settings))
 
 
 def _stop(args: argparse.Namespace) -> int:

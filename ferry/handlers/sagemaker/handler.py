@@ -4,8 +4,9 @@
 
 Each request runs on its own through ``transform_fn(model, body, content_type, accept)``:
 the body as ``str`` for JSON and CSV, as bytes otherwise; ``Accept`` missing or ``*/*``
-means JSON. What ``transform_fn`` returns is the answer, or ``(answer, content_type)``;
-the answer's type is otherwise the ``Accept`` asked for.
+means ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``, else JSON. What ``transform_fn`` returns
+is the answer, or ``(answer, content_type)``; the answer's type is otherwise the
+``Accept`` asked for.
 
 Errors are answered as the toolkit answers them: an exception that carries
 ``status_code`` (the toolkit's ``BaseInferenceToolkitError``) with that status and its
@@ -35,6 +36,8 @@ from ferry.handlers.sagemaker.functions import (
 
 log = logging.getLogger("ferry.handlers")
 
+DEFAULT_ACCEPT_VARIABLE = "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"
+"""The type answered when a request's ``Accept`` is missing or ``*/*`` (JSON unless set)."""
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 """SageMaker's per-request header for the model; user functions that take the context
 read it with ``context.get_request_header(0, CUSTOM_ATTRIBUTES_HEADER)``."""
@@ -46,6 +49,7 @@ class SageMakerHandler:
     def __init__(self) -> None:
         self.functions: ServingFunctions | None = None
         self.model: Any = None
+        self.default_accept = codecs.JSON
         self.initialized = False
 
     def initialize(self, context: Context) -> None:
@@ -63,6 +67,7 @@ class SageMakerHandler:
         if functions.model_warmup_fn is not None:
             call(functions.model_warmup_fn, (model_dir, self.model), context)
         self.functions = functions
+        self.default_accept = os.environ.get(DEFAULT_ACCEPT_VARIABLE) or codecs.JSON
         self.initialized = True
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
@@ -74,7 +79,7 @@ class SageMakerHandler:
         content_type = request.get_request_header(0, "content-type") or ""
         accept = request.get_request_header(0, "accept") or ""
         if accept.strip() in ("", codecs.ANY):
-            accept = codecs.JSON
+            accept = self.default_accept
         try:
             body = request_body(row, content_type)
             args = (self.model, body, content_type, accept)
