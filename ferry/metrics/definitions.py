@@ -1,9 +1,6 @@
-"""Every metric Ferry exposes, defined once, and the per-model handles that record them.
-
-TorchServe's Prometheus metrics keep their names and labels, so existing dashboards and
-checks work: the three ``ts_*`` counters and the unprefixed ones of TorchServe's default
-metrics.yaml (``Requests2XX``, ``QueueTime``, ``CPUUtilization``, ``PredictionTime`` ...),
-whose dimensions are capitalised (``Level``, ``Hostname``). Ferry's own are prefixed ``ferry_``.
+"""The recording side of Ferry's metrics: ``FerryMetrics`` holds every family
+(declared in ``ferry.metrics.families``) and the handlers' own, refreshes the scrape-time
+ones, and hands out ``ModelMetrics``, one model version's series labelled once.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import shutil
 import socket
 from collections.abc import Callable, Iterable, Sequence
 
+from ferry.metrics.families import MODEL, TS_HISTOGRAM_BUCKETS, MetricFamilies
 from ferry.metrics.gpu import GpuReading
 from ferry.metrics.prometheus import (
     Child,
@@ -27,23 +25,10 @@ from ferry.metrics.prometheus import (
 )
 from ferry.procinfo import cpu_jiffies, cpu_seconds, memory_bytes, resident_bytes
 
-LATENCY_BUCKETS = tuple(float(f"{10 ** (exponent / 6 - 4):.3g}") for exponent in range(34))
-"""100 µs to 31.6 s, six buckets a decade (each bound ~1.47x the last): a percentile
-interpolated within one is off by far less than with Prometheus' 1-2.5-5 defaults, which
-made ``ferry bench load``'s server-side p99 exceed the slowest answer it saw."""
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MODEL = ("model_name", "model_version")
-TS_HOST = ("Level", "Hostname")
-TS_MODEL = ("ModelName", "Level", "Hostname")
-TS_GPU = ("Level", "DeviceId", "Hostname")
 MB, GB = 2**20, 2**30
 
 log = logging.getLogger("ferry.metrics")
 
-
-TS_HISTOGRAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
-"""The buckets of TorchServe's handler histograms (its Java Prometheus client's defaults),
-so a query of ``le="2.5"`` finds the same bucket on both servers."""
 HANDLER_KINDS = ("counter", "gauge", "histogram")
 
 
@@ -74,7 +59,10 @@ def _record(child: Child, value: float) -> None:
         child.observe(value)
 
 
-class FerryMetrics:
+class FerryMetrics(MetricFamilies):
+    """Every metric family (``MetricFamilies``), handlers' own included, and what records
+    into them."""
+
     def __init__(
         self,
         *,
@@ -85,171 +73,7 @@ class FerryMetrics:
         self.enabled = enabled
         self.max_handler_series = max_handler_series
         self.hostname = hostname or socket.gethostname()
-        ts = (*MODEL, "hostname")
-        self.requests_total = Family(
-            "ts_inference_requests_total", "Inference requests received.", "counter", ts
-        )
-        self.inference_latency = Family(
-            "ts_inference_latency_microseconds", "Cumulative inference latency.", "counter", ts
-        )
-        self.queue_latency = Family(
-            "ts_queue_latency_microseconds", "Cumulative time requests spent queued.", "counter", ts
-        )
-        self.request_seconds = Family(
-            "ferry_request_duration_seconds",
-            "End-to-end latency of inference requests.",
-            "histogram",
-            MODEL,
-            LATENCY_BUCKETS,
-        )
-        self.queue_seconds = Family(
-            "ferry_queue_wait_seconds",
-            "Time from arrival to dispatch to a worker.",
-            "histogram",
-            MODEL,
-            LATENCY_BUCKETS,
-        )
-        self.batch_size = Family(
-            "ferry_batch_size",
-            "Requests per batch sent to a worker.",
-            "histogram",
-            MODEL,
-            BATCH_BUCKETS,
-        )
-        self.stage_seconds = Family(
-            "ferry_batch_stage_seconds",
-            "Handler stage time per batch (preprocess, inference, "
-            "postprocess; handle for handlers without stages).",
-            "histogram",
-            (*MODEL, "stage"),
-            LATENCY_BUCKETS,
-        )
-        self.queue_depth = Family(
-            "ferry_queue_depth", "Requests waiting in the model's queue.", "gauge", MODEL
-        )
-        self.workers = Family("ferry_workers", "Workers by state.", "gauge", (*MODEL, "state"))
-        self.worker_restarts = Family(
-            "ferry_worker_restarts_total",
-            "Worker processes replaced after a crash or hang.",
-            "counter",
-            MODEL,
-        )
-        self.requests_abandoned = Family(
-            "ferry_requests_abandoned_total",
-            "Requests dropped before reaching a worker because their client hung up.",
-            "counter",
-            MODEL,
-        )
-        self.request_outcomes = Family(
-            "ferry_requests_total",
-            "Inference requests by how they ended: ok, or the error's kind (WorkerDied, "
-            "DeadlineExceeded, HandlerFailed, Cancelled when the client went away, ...).",
-            "counter",
-            (*MODEL, "outcome"),
-        )
-        self.requests_shed = Family(
-            "ferry_requests_shed_total",
-            "Requests answered DeadlineExceeded because their deadline could not be met.",
-            "counter",
-            MODEL,
-        )
-        self.requests_delayed = Family(
-            "ferry_requests_delayed_total",
-            "Requests that missed their deadline and were kept, behind every request "
-            "still on time (deadlineAction: delay).",
-            "counter",
-            MODEL,
-        )
-        self.batch_dispatches = Family(
-            "ferry_batch_dispatch_total",
-            "Batches handed to workers, by why the batch policy let each go: full, "
-            "delay_bound, idle_worker, cost_model, deadline, window.",
-            "counter",
-            (*MODEL, "reason"),
-        )
-        self.model_loads = Family(
-            "ferry_model_loads_total",
-            "Loads of a model registered to load on demand (loadOnDemand).",
-            "counter",
-            MODEL,
-        )
-        self.model_load_seconds = Family(
-            "ferry_model_load_seconds",
-            "Time an on-demand load took, from its first request to its workers ready.",
-            "histogram",
-            MODEL,
-            LATENCY_BUCKETS,
-        )
-        self.model_evictions = Family(
-            "ferry_model_evictions_total",
-            "On-demand models evicted to keep the resident models within the memory budget.",
-            "counter",
-            MODEL,
-        )
-        self.model_resident = Family(
-            "ferry_model_resident",
-            "1 while the model has workers (0: it loads on its next request).",
-            "gauge",
-            MODEL,
-        )
-        self.model_memory = Family(
-            "ferry_model_memory_bytes",
-            "Memory its workers measured at their load, by device (host, cuda:N).",
-            "gauge",
-            (*MODEL, "device"),
-        )
-        self.trace_spans_dropped = Family(
-            "ferry_trace_spans_dropped_total",
-            "Spans dropped, the exporter being slow, failing or unreachable (enable_tracing).",
-            "counter",
-            (),
-        )
-        self.budget_exceeded = Family(
-            "ferry_memory_budget_exceeded_total",
-            "Loads that took the resident models past a memory budget, nothing idle being "
-            "left to evict.",
-            "counter",
-            (),
-        )
-        self.worker_recycles = Family(
-            "ferry_worker_recycles_total",
-            "Workers replaced on reaching their request or memory limit (recycle settings).",
-            "counter",
-            MODEL,
-        )
-        self.responses = Family(
-            "ferry_responses_total",
-            "Responses by API and status class.",
-            "counter",
-            ("api", "status_class"),
-        )
-        self.process_cpu = Family(
-            "ferry_process_cpu_seconds_total",
-            "CPU time of the frontend and each worker.",
-            "counter",
-            ("process",),
-        )
-        self.process_memory = Family(
-            "ferry_process_resident_memory_bytes",
-            "Resident memory of the frontend and each worker.",
-            "gauge",
-            ("process",),
-        )
-        self.gpu_memory = Family(
-            "ferry_gpu_memory_used_bytes", "GPU memory in use (NVML).", "gauge", ("gpu",)
-        )
-        self.gpu_utilization = Family(
-            "ferry_gpu_utilization_percent", "GPU utilisation (NVML).", "gauge", ("gpu",)
-        )
-        self.handler_values_dropped = Family(
-            "ferry_handler_metric_values_dropped_total",
-            "Handler metric values dropped: series_limit, their metric had "
-            "max_handler_metric_series series already; dimensions, other dimension "
-            "names than the metric's first values.",
-            "counter",
-            (*MODEL, "reason"),
-        )
-        self.torchserve = self._torchserve_families()
+        super().__init__()
         self.handler_metrics: dict[str, Family] = {}
         # Which model versions write each handler series: it has no model label, so two
         # models can share one, and unloading one leaves it to the other.
@@ -258,78 +82,11 @@ class FerryMetrics:
         self._full: set[str] = set()  # handler metrics warned about at max_handler_series
         self._cpu_before = (0, 0)
 
-    @staticmethod
-    def _torchserve_families() -> dict[str, Family]:
-        """TorchServe's default frontend and model metrics (its metrics.yaml), by name."""
-        table = [
-            ("Requests2XX", "counter", TS_HOST, "Inference responses with a 2xx status."),
-            ("Requests4XX", "counter", TS_HOST, "Inference responses with a 4xx status."),
-            ("Requests5XX", "counter", TS_HOST, "Inference responses with a 5xx status."),
-            ("QueueTime", "gauge", TS_HOST, "Queue time of the latest dispatched request, ms."),
-            (
-                "WorkerThreadTime",
-                "gauge",
-                TS_HOST,
-                "Latest batch's round trip to its worker less the worker's own time, ms.",
-            ),
-            ("WorkerLoadTime", "gauge", ("WorkerName", *TS_HOST), "Worker start-up time, ms."),
-            ("CPUUtilization", "gauge", TS_HOST, "Host CPU use since the last scrape, %."),
-            ("MemoryUsed", "gauge", TS_HOST, "Host memory in use, MB."),
-            ("MemoryAvailable", "gauge", TS_HOST, "Host memory available, MB."),
-            ("MemoryUtilization", "gauge", TS_HOST, "Host memory in use, %."),
-            ("DiskUsage", "gauge", TS_HOST, "Disk space used on /, GB."),
-            ("DiskAvailable", "gauge", TS_HOST, "Disk space free on /, GB."),
-            ("DiskUtilization", "gauge", TS_HOST, "Disk space used on /, %."),
-            ("GPUMemoryUtilization", "gauge", TS_GPU, "GPU memory in use (NVML), %."),
-            ("GPUMemoryUsed", "gauge", TS_GPU, "GPU memory in use (NVML), MB."),
-            ("GPUUtilization", "gauge", TS_GPU, "GPU utilisation (NVML), %."),
-            ("HandlerTime", "gauge", TS_MODEL, "Handler time of the latest batch, ms."),
-            ("PredictionTime", "gauge", TS_MODEL, "Worker time of the latest batch, ms."),
-        ]
-        return {
-            name: Family(name, text, kind, labels, java_style=True)
-            for name, kind, labels, text in table
-        }
-
     def _host(self, name: str) -> Gauge:
         return self.torchserve[name].gauge(*self.host_labels)
 
-    def _own_families(self) -> list[Family]:
-        return [
-            self.requests_total,
-            self.inference_latency,
-            self.queue_latency,
-            self.request_seconds,
-            self.queue_seconds,
-            self.batch_size,
-            self.stage_seconds,
-            self.queue_depth,
-            self.workers,
-            self.worker_restarts,
-            self.worker_recycles,
-            self.model_loads,
-            self.model_load_seconds,
-            self.model_evictions,
-            self.model_resident,
-            self.model_memory,
-            self.budget_exceeded,
-            self.trace_spans_dropped,
-            self.requests_abandoned,
-            self.batch_dispatches,
-            self.request_outcomes,
-            self.requests_shed,
-            self.requests_delayed,
-            self.responses,
-            self.process_cpu,
-            self.process_memory,
-            self.gpu_memory,
-            self.gpu_utilization,
-            self.handler_values_dropped,
-            *self.torchserve.values(),
-        ]
-
     def families(self) -> list[Family]:
-        return [*self._own_families(), *self.handler_metrics.values()]
+        return [*self.own_families(), *self.handler_metrics.values()]
 
     def handler_family(
         self, name: str, kind: str, dimensions: Sequence[str], unit: str = ""
@@ -391,7 +148,7 @@ class FerryMetrics:
 
     def _reserved_names(self) -> set[str]:
         names = set()
-        for family in self._own_families():
+        for family in self.own_families():
             names.add(family.name)
             if family.kind == "histogram":
                 names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
@@ -403,7 +160,7 @@ class FerryMetrics:
     def forget_model(self, name: str, version: str) -> None:
         """Drop an unloaded version's series: those labelled with it, TorchServe's of its
         name, and the handler series no other loaded version writes."""
-        for family in self._own_families():
+        for family in self.own_families():
             if family.label_names[:2] == MODEL:
                 family.remove_matching((name, version))
             elif family.label_names[:1] == ("ModelName",):  # TorchServe's: no version label

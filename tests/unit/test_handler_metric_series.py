@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.metrics.definitions import TS_HISTOGRAM_BUCKETS, FerryMetrics
+from ferry.metrics.definitions import FerryMetrics
+from ferry.metrics.families import TS_HISTOGRAM_BUCKETS
 from tests.fixtures.custom_metrics import parse_exposition
 from tests.unit.test_prometheus import assert_parseable
 

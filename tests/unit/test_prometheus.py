@@ -26,6 +26,18 @@ def test_exposition_format_for_each_type() -> None:
     assert 'h_seconds_sum{m="k"} 5.55\nh_seconds_count{m="k"} 3\n' in text
 
 
+def test_each_family_is_declared_once_and_scraped_in_that_order() -> None:
+    """``ferry.metrics.families`` declares each family once; the scrape lists them all, in
+    the order declared, each under one name."""
+    metrics = FerryMetrics(hostname="host")
+    declared = [family.name for family in metrics.own_families()]
+    assert len(declared) == len(set(declared))
+    assert metrics.requests_total in metrics.own_families()
+    assert set(metrics.torchserve.values()) <= set(metrics.own_families())
+    scraped = re.findall(r"^# TYPE (\S+) ", metrics.exposition(), re.M)
+    assert scraped == declared
+
+
 def test_model_metrics_and_forgetting_a_model() -> None:
     metrics = FerryMetrics(hostname="host")
     model = metrics.for_model("m", "1.0")
