@@ -206,6 +206,7 @@ def parse_micro_batching(value: Any, where: str = "micro_batching") -> MicroBatc
 PRECISIONS = ("fp32", "fp16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _OPTIMIZATION_KEYS = (
+    "share_weights",
     "precision",
     "channels_last",
     "compile",
@@ -233,6 +234,9 @@ class OptimizationConfig:
     warmup_batch_sizes: tuple[int, ...] = ()
     """``warmup.batch_sizes``."""
     cuda_graphs: bool = False
+    share_weights: bool = True
+    """A CPU model's workers map one copy of its weights
+    (``ferry.handlers.builtin.shared_weights``); false: each loads its own."""
 
     @property
     def graph_batch_sizes(self) -> tuple[int, ...]:
@@ -267,6 +271,7 @@ def parse_optimization(value: Any, where: str = "optimization") -> OptimizationC
         warmup_shape=_get(warmup, "input_shape", integers(1), (), warmup_where),
         warmup_batch_sizes=_get(warmup, "batch_sizes", integers(1), (), warmup_where),
         cuda_graphs=_get(section, "cuda_graphs", boolean, False, where),
+        share_weights=_get(section, "share_weights", boolean, True, where),
     )
     if options.cuda_graphs:
         if not options.warmup_shape or not options.graph_batch_sizes:
@@ -390,6 +395,15 @@ def torchserve_compile_options(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(section, dict) or ("compile" in pt2 and not section.get("enable")):
         return None
     return {key: value for key, value in section.items() if key != "enable"}
+
+
+def shares_weights(model_yaml_config: dict[str, Any]) -> bool:
+    """``optimization: share_weights`` (true unless set false), read from the raw
+    model-config.yaml a worker is handed (validated at registration)."""
+    optimization = model_yaml_config.get("optimization")
+    if isinstance(optimization, dict):
+        return optimization.get("share_weights") is not False
+    return True
 
 
 def compiles(model_yaml_config: dict[str, Any]) -> bool:

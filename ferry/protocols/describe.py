@@ -34,6 +34,7 @@ def _worker_json(worker: WorkerStatus) -> dict[str, Any]:
         "lastError": worker.last_error or None,
         "modelMemory": worker.model_memory_bytes,
         "modelGpuMemory": worker.model_gpu_bytes,
+        "sharedWeights": worker.shared_weights_bytes,
         "sharedProcess": worker.shared,
     }
 

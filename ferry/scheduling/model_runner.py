@@ -224,15 +224,22 @@ class ModelRunner:
         return any(slot.state in _HOLDING for slot in self.slots)
 
     def footprint(self) -> dict[str, int]:
-        """What its workers measured at their load: host memory, and each GPU's."""
+        """What its workers measured at their load: host memory, and each GPU's. Weights
+        its workers map from one file (``ferry.handlers.builtin.shared_weights``) count
+        once, however many map them."""
         total: dict[str, int] = {}
+        shared: dict[str, int] = {}
         for slot in self.slots:
             if slot.worker is None:
                 continue
             info = slot.worker.info
             total[HOST] = total.get(HOST, 0) + info.footprint_bytes
+            if info.shared_weights_key:
+                shared[info.shared_weights_key] = info.shared_weights_bytes
             if info.gpu_bytes:
                 total[info.device] = total.get(info.device, 0) + info.gpu_bytes
+        if shared:
+            total[HOST] = total.get(HOST, 0) + sum(shared.values())
         return total
 
     async def load(self) -> None:

@@ -37,6 +37,8 @@ class WorkerStatus:
     model_gpu_bytes: int = 0
     shared: bool = False
     """Its process hosts other models too (``processGroup``)."""
+    shared_weights_bytes: int = 0
+    """The weights it maps from one file with the model's other workers (counted once)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def _worker_status(slot: WorkerSlot) -> WorkerStatus:
         model_memory_bytes=info.footprint_bytes if info is not None else 0,
         model_gpu_bytes=info.gpu_bytes if info is not None else 0,
         shared=info.shared if info is not None else False,
+        shared_weights_bytes=info.shared_weights_bytes if info is not None else 0,
     )
 
 

@@ -63,7 +63,9 @@ def _fields(message: Message) -> tuple[int, list[Any]]:
     if isinstance(message, CancelRequests):
         return _CANCEL, [message.batch_id, message.request_ids]
     if isinstance(message, WorkerReady):
-        return _READY, [message.pid, message.device, message.footprint_bytes, message.gpu_bytes]
+        footprint = [message.footprint_bytes, message.gpu_bytes]
+        shared = [message.shared_bytes, message.shared_key]
+        return _READY, [message.pid, message.device, *footprint, *shared]
     if isinstance(message, StartWorker):
         return _START, [message.spec]
     if isinstance(message, SpecTaken):

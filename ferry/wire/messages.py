@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
 5: each ``RequestItem`` carries the request envelope its protocol is read with.
 6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows.
-7: a spare process answers its spec with ``SpecTaken`` before it loads the model."""
+7: a spare process answers its spec with ``SpecTaken`` before it loads the model.
+8: ``WorkerReady`` says which weights files the worker maps, shared with its model's others."""
 
 
 DEVICE_FAILED_EXIT = 70
@@ -139,9 +140,15 @@ class WorkerReady:
     pid: int
     device: str
     footprint_bytes: int = 0
-    """What loading the model added to the process's resident memory."""
+    """What loading the model added to the process's own resident memory (its mapped
+    weights files aside)."""
     gpu_bytes: int = 0
     """What loading it added to the GPU memory torch holds (0 on a CPU)."""
+    shared_bytes: int = 0
+    """The size of the weights files it maps, shared with the model's other workers
+    (``ferry.handlers.builtin.shared_weights``): counted once per model."""
+    shared_key: str = ""
+    """Those files' paths, which workers sharing one copy have in common."""
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
 """What loading a model costs its process: measured around the load, not guessed.
 
-Resident memory from ``/proc`` (what the kernel charges the process) and, on a GPU, the
-memory torch's allocator holds; both as the difference across the load. In a process
+The process's own resident memory from ``/proc`` (anonymous and shared-memory pages:
+what it alone holds) and, on a GPU, the memory torch's allocator holds; both as the
+difference across the load. Weights mapped from a file (``shared_weights``) are the
+page cache's, shared with the model's other workers: they are reported apart, by file,
+so the model's footprint counts them once. In a process
 that hosts several models (``ferry.worker.host``) the loads run one at a time, so the
 difference is this model's, give or take what its neighbours allocate meanwhile.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from ferry.procinfo import resident_bytes
+from ferry.handlers.builtin.shared_weights import mapped_weights
 
 
 def _gpu_allocated() -> int:
@@ -23,19 +26,42 @@ def _gpu_allocated() -> int:
     return int(torch.cuda.memory_allocated())
 
 
+def own_resident_bytes(status: Path = Path("/proc/self/status")) -> int:
+    """This process's anonymous and shared-memory resident pages (``RssAnon`` +
+    ``RssShmem``): its resident memory less the files it maps (libraries, weights)."""
+    total = 0
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith(("RssAnon:", "RssShmem:")):
+                total += int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 0
+    return total
+
+
 @dataclass(frozen=True)
 class Footprint:
     resident_bytes: int
     gpu_bytes: int
+    shared_bytes: int = 0
+    """The weights files the load mapped (their size: a served model reads every page)."""
+    shared_key: str = ""
 
 
 class FootprintMeter:
     """``FootprintMeter()`` before the load, ``.measured()`` after it."""
 
     def __init__(self) -> None:
-        self._rss = resident_bytes(os.getpid())
+        self._own = own_resident_bytes()
         self._gpu = _gpu_allocated()
+        self._mapped = {weights.path for weights in mapped_weights()}
 
     def measured(self) -> Footprint:
-        rss = resident_bytes(os.getpid()) - self._rss
-        return Footprint(max(0, rss), max(0, _gpu_allocated() - self._gpu))
+        own = own_resident_bytes() - self._own
+        mapped = [weights for weights in mapped_weights() if weights.path not in self._mapped]
+        return Footprint(
+            max(0, own),
+            max(0, _gpu_allocated() - self._gpu),
+            sum(weights.size for weights in mapped),
+            "|".join(sorted(weights.path for weights in mapped)),
+        )

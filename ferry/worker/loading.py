@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ferry.config.image_limits import ImageLimits
+from ferry.config.sections import shares_weights
 from ferry.config.settings import TORCHSERVE_MODEL_METRICS, ModelMetric
+from ferry.handlers.builtin.shared_weights import sharing_weights
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import EntryPoint, load_entry_point
 from ferry.handlers.torchserve import request_envelope
@@ -97,7 +99,8 @@ def load_handler(
         image_limits=image_limits,
         model_metrics=model_metrics,
     )
-    with model_compile_cache(compile_cache, gpu_id, model_yaml_config):
+    shared = Path(compile_cache) if compile_cache and shares_weights(model_yaml_config) else None
+    with model_compile_cache(compile_cache, gpu_id, model_yaml_config), sharing_weights(shared):
         entry = load_entry_point(handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
     _add_pipeline(ready, model_yaml_config)

@@ -138,7 +138,16 @@ def serve(
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
-    send(WorkerReady(os.getpid(), device, footprint.resident_bytes, footprint.gpu_bytes))
+    send(
+        WorkerReady(
+            os.getpid(),
+            device,
+            footprint.resident_bytes,
+            footprint.gpu_bytes,
+            footprint.shared_bytes,
+            footprint.shared_key,
+        )
+    )
     try:
         return _answer_batches(inbox, runner, send, handler_thread)
     finally:

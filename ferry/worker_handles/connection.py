@@ -19,7 +19,7 @@ from ferry.wire.messages import (
     WorkerReady,
 )
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerStartFailed
+from ferry.worker_handles.handle import StartFailure, WorkerGone, WorkerInfo, WorkerStartFailed
 
 
 class SpareUnresponsive(Exception):
@@ -37,10 +37,23 @@ class WorkerConnection:
         self._reader = reader
         self._writer = writer
         self.device = "unknown"
-        self.footprint_bytes = 0
-        self.gpu_bytes = 0
+        self.ready = WorkerReady(pid or 0, "unknown")
+        """Its load's report: device, footprint, the weights it maps (once loaded)."""
         self.batches_held = 0
         """Batches sent and not yet answered: a worker killed holding some takes them along."""
+
+    def worker_info(self, shared_process: bool = False) -> WorkerInfo:
+        """What its load measured (``shared_process``: its process hosts other models)."""
+        ready = self.ready
+        return WorkerInfo(
+            self.pid,
+            self.device,
+            ready.footprint_bytes,
+            ready.gpu_bytes,
+            shared=shared_process,
+            shared_weights_bytes=ready.shared_bytes,
+            shared_weights_key=ready.shared_key,
+        )
 
     async def _handshake(self, spec: WorkerSpec, taken_within: float | None = None) -> None:
         """Send the spec and wait until the handler has loaded. ``taken_within``: a spare
@@ -56,7 +69,7 @@ class WorkerConnection:
         if not isinstance(message, WorkerReady):
             raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
         self.device = message.device
-        self.footprint_bytes, self.gpu_bytes = message.footprint_bytes, message.gpu_bytes
+        self.ready = message
 
     async def _spec_taken(self, within: float) -> None:
         try:

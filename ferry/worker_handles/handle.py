@@ -60,11 +60,16 @@ class WorkerInfo:
     device: str
     """Where the handler actually runs (``cpu``, ``cuda:0`` ...), as the worker reported it."""
     footprint_bytes: int = 0
-    """What loading the model added to its process's resident memory, as measured there."""
+    """What loading the model added to its process's own resident memory, as measured
+    there (mapped weights files aside)."""
     gpu_bytes: int = 0
     """What loading it added to the GPU memory torch holds."""
     shared: bool = False
     """Its process hosts other models too (``ferry.worker_handles.hosts``)."""
+    shared_weights_bytes: int = 0
+    """The weights files it maps, shared with the model's other workers: the model's
+    footprint counts them once (``shared_weights_key`` tells which)."""
+    shared_weights_key: str = ""
 
 
 class WorkerHandle(Protocol):

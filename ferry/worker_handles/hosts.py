@@ -65,7 +65,7 @@ class HostedWorker(WorkerConnection):
 
     @property
     def info(self) -> WorkerInfo:
-        return WorkerInfo(self.pid, self.device, self.footprint_bytes, self.gpu_bytes, shared=True)
+        return self.worker_info(shared_process=True)
 
     def disconnect(self) -> None:
         self._writer.close()

@@ -54,7 +54,7 @@ class WorkerProcess(WorkerConnection):
 
     @property
     def info(self) -> WorkerInfo:
-        return WorkerInfo(self.pid, self.device, self.footprint_bytes, self.gpu_bytes)
+        return self.worker_info()
 
     @classmethod
     async def start(

@@ -59,6 +59,7 @@ FERRY_WORKER_EXTRAS = {
     "lastError",
     "modelMemory",
     "modelGpuMemory",
+    "sharedWeights",
     "sharedProcess",
 }
 

@@ -14,6 +14,7 @@ from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.pool import Backoff
 from ferry.scheduling.residency import HOST, LoadState, Residency
+from ferry.worker_handles.handle import WorkerInfo
 from tests.fixtures.fake_worker import FakeFactory, load_error, make_job, outcomes, spec
 
 BOUND = 30.0
@@ -224,5 +225,24 @@ def test_a_request_waiting_alone_or_an_open_sequence_keeps_the_model_busy() -> N
         assert runner.waiting == 0 and runner.busy()
         await runner.stop()
         assert isinstance(job.future.exception(), NoWorkerAvailable)
+
+    run(scenario)
+
+
+def test_weights_its_workers_map_from_one_file_count_once_in_its_footprint() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory()
+        runner = managed(Residency({}), on_demand_runner(factory, workers=3))
+        job = make_job(b"a")
+        runner.submit(job)
+        await outcomes([job])
+        await until(lambda: len(factory.started) == 3)
+        maps = [("/w/weights.pt", 400), ("/w/weights.pt", 400), ("/w/other.pt", 50)]
+        for worker, (key, size) in zip(factory.started, maps, strict=True):
+            worker.measured = WorkerInfo(
+                worker.pid, "cpu", 10, shared_weights_bytes=size, shared_weights_key=key
+            )
+        assert runner.footprint() == {HOST: 3 * 10 + 400 + 50}
+        await runner.stop()
 
     run(scenario)

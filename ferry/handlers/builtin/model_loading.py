@@ -11,6 +11,11 @@ import torch
 
 from ferry.errors import ArchiveError
 from ferry.handlers.builtin.aot_package import is_aoti_package, load_aoti_package
+from ferry.handlers.builtin.shared_weights import (
+    eager_on_mapped_weights,
+    share_loaded,
+    torchscript_on_mapped_weights,
+)
 from ferry.handlers.contract.loader import classes_defined_in, import_file
 
 
@@ -33,6 +38,10 @@ def load_eager_model(
         raise ArchiveError(
             f"{model_file.name} must define exactly one nn.Module class, found {names}"
         )
+    if weights is not None:
+        shared = eager_on_mapped_weights(classes[0], weights, device)
+        if shared is not None:
+            return shared
     model: torch.nn.Module = classes[0]()
     if weights is not None:
         state = torch.load(weights, map_location=device, weights_only=True)
@@ -56,10 +65,13 @@ def load_model(
         if is_aoti_package(weights):
             return load_aoti_package(weights, device)  # type: ignore[return-value]
         model = torch.export.load(str(weights)).module()
+        share_loaded(model, weights, device)
     elif model_file:
         model = load_eager_model(model_dir / model_file, weights, device)
     elif weights is not None:
-        model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
+        model = torchscript_on_mapped_weights(weights, device)
+        if model is None:
+            model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
     else:
         return None
     model = model.to(device)
