@@ -27,6 +27,7 @@ from ferry.errors import (
     DeadlineExceeded,
     FerryError,
     HandlerFailed,
+    InsufficientMemory,
     InvalidInput,
     InvalidRequest,
     InvalidWorkflow,
@@ -103,6 +104,9 @@ ERROR_ROWS: Mapping[type[FerryError], ErrorRow] = {
     InvalidRequest: ErrorRow(400, "BadRequestException", "INVALID_ARGUMENT"),
     ModelAlreadyExists: ErrorRow(409, "ConflictStatusException", "ABORTED"),
     ModelLoadFailed: ErrorRow(500, "InternalServerException", "INTERNAL"),
+    # 507 Insufficient Storage: what SageMaker's multi-model endpoints read to evict a
+    # model and retry the load.
+    InsufficientMemory: ErrorRow(507, "InsufficientMemoryException", "RESOURCE_EXHAUSTED"),
     ModelApiDisabled: ErrorRow(405, "MethodNotAllowedException", "PERMISSION_DENIED"),
     UrlNotAllowed: ErrorRow(400, "InvalidUrlException", "INVALID_ARGUMENT"),
     InvalidWorkflow: ErrorRow(400, "InvalidDAGException", "INVALID_ARGUMENT"),

@@ -27,6 +27,8 @@ status, TorchServe error type, gRPC code), looked up by class hierarchy.
     ├── InvalidRequest         a management call with missing or invalid parameters
     ├── ModelAlreadyExists     that model version is already registered
     ├── ModelLoadFailed        registration failed: the model's workers could not load it
+    ├── InsufficientMemory     a model cannot be loaded: it would not fit the memory
+    │                          budget beside the models that must stay (SageMaker's 507)
     ├── ModelApiDisabled       register / unregister while enable_model_api is off
     ├── UrlNotAllowed          a remote archive URL that allowed_urls does not match
     ├── WorkflowNotFound       unknown workflow, or no such .war in the workflow store
@@ -130,6 +132,10 @@ class ModelAlreadyExists(FerryError):
 
 
 class ModelLoadFailed(FerryError):
+    pass
+
+
+class InsufficientMemory(FerryError):
     pass
 
 

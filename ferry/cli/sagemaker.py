@@ -56,9 +56,10 @@ def _serve() -> int:
     from ferry.cli.serve import run_loop
     from ferry.config.sagemaker import sagemaker_start
     from ferry.config.sources import load_settings
+    from ferry.http.listener import multi_model_inference_listener
     from ferry.logs import configure_logging
     from ferry.procinfo import memory_limit_bytes
-    from ferry.server import LISTENERS, run_server
+    from ferry.server import LISTENERS, listeners_with, run_server
 
     start = sagemaker_start(os.environ, memory_limit_bytes())
     config_file = os.environ.get("TS_CONFIG_FILE")
@@ -74,7 +75,7 @@ def _serve() -> int:
         )
     specs = LISTENERS
     if start.multi_model:
-        raise ConfigError("SAGEMAKER_MULTI_MODEL=true: multi-model endpoints are not served yet")
+        specs = listeners_with("inference", multi_model_inference_listener)
     log.info(
         "SageMaker %s endpoint: %s",
         "multi-model" if start.multi_model else "single-model",

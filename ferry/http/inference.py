@@ -29,6 +29,7 @@ from ferry.http.kserve import kserve_routes
 from ferry.http.openapi import description_routes, inference_description
 from ferry.http.request_body import read_parts
 from ferry.http.sagemaker import sagemaker_routes
+from ferry.http.sagemaker_models import multi_model_routes
 from ferry.http.streaming import prediction_response
 from ferry.http.workflows import workflow_inference_routes
 from ferry.log_escape import escape_control
@@ -78,9 +79,13 @@ def log_access(
         access.info(text, extra={"fields": fields})
 
 
-def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
-    """TorchServe's inference API, with the workflow, KServe and API-description routes
-    beside it; predictions skip Starlette's layers (``with_prediction_fast_path``)."""
+def inference_app(
+    service: FerryService, workflows: WorkflowManager, *, multi_model: bool = False
+) -> ASGIApp:
+    """TorchServe's inference API, with the workflow, KServe, SageMaker and API-description
+    routes beside it; predictions skip Starlette's layers (``with_prediction_fast_path``).
+    ``multi_model``: SageMaker's multi-model routes too (``/models``, ``ferry sagemaker-serve``
+    with ``SAGEMAKER_MULTI_MODEL=true``)."""
     limit = service.settings.max_request_size
     record = service.metrics.response_recorder("inference")
     predict, explain = _prediction_endpoints(service, record, limit)
@@ -96,6 +101,7 @@ def inference_app(service: FerryService, workflows: WorkflowManager) -> ASGIApp:
         *workflow_inference_routes(workflows, record, limit),
         *kserve_routes(service, record, limit),
         *sagemaker_routes(service, record, limit, log_access),
+        *(multi_model_routes(service, record, limit, log_access) if multi_model else ()),
         *description_routes(inference_description()),
     ]
     handlers = exception_handlers(record)

@@ -238,13 +238,26 @@ def key_hint(api: str, settings: ServerSettings) -> str:
 
 
 def inference_listener(
-    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
+    address: Address,
+    apis: Apis,
+    settings: ServerSettings,
+    keys: ApiKeys | None,
+    *,
+    multi_model: bool = False,
 ) -> HttpListener:
-    """TorchServe's inference API; it needs the inference key only beyond loopback."""
-    app: ASGIApp = inference_app(apis.service, apis.workflows)
+    """TorchServe's inference API; it needs the inference key only beyond loopback.
+    ``multi_model``: with SageMaker's multi-model routes (``inference_app``)."""
+    app: ASGIApp = inference_app(apis.service, apis.workflows, multi_model=multi_model)
     if keys is not None and not address.is_loopback:
         app = TokenAuth(app, keys.inference, key_hint("inference", settings))
     return HttpListener(app, address, settings, lambda: apis.service.draining)
+
+
+def multi_model_inference_listener(
+    address: Address, apis: Apis, settings: ServerSettings, keys: ApiKeys | None
+) -> HttpListener:
+    """The inference API with SageMaker's multi-model routes (``ferry sagemaker-serve``)."""
+    return inference_listener(address, apis, settings, keys, multi_model=True)
 
 
 def management_listener(

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry.errors import FerryError, ModelNotFound
-from ferry.http.errors import StatusRecorder, error_response
+from ferry.http.errors import Endpoint, StatusRecorder, error_response
 from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
 from ferry.http.streaming import prediction_response
@@ -50,18 +50,37 @@ AccessLog = Callable[[Request, int, str, "str | None", float, "Prediction | None
 """``ferry.http.inference.log_access``: the access line, as ``/predictions`` writes it."""
 
 
+ChooseModel = Callable[[Request], str]
+"""The model a request is for (``invocation_model``, or a path parameter's)."""
+
+
 def sagemaker_routes(
     service: FerryService, record: StatusRecorder, limit: int, log_access: AccessLog
 ) -> list[Route]:
     """``POST /invocations``; every status reported to ``record``, bodies up to ``limit``."""
+    invocations = invocation_endpoint(
+        service, record, limit, log_access, lambda request: invocation_model(service, request)
+    )
+    return [Route("/invocations", invocations, methods=["POST"])]
+
+
+def invocation_endpoint(
+    service: FerryService,
+    record: StatusRecorder,
+    limit: int,
+    log_access: AccessLog,
+    choose: ChooseModel,
+) -> Endpoint:
+    """An invocation of the model ``choose`` names: the body undecoded, the headers to the
+    handler's context (``/invocations``, and multi-model endpoints' ``/models/M/invoke``)."""
     access_log = service.settings.access_log
 
-    async def invocations(request: Request) -> Response:
+    async def invoke(request: Request) -> Response:
         start = time.perf_counter()
         model, version = "", None
         answer: Prediction | None = None
         try:
-            model = invocation_model(service, request)
+            model = choose(request)
             version = service.admit(model).version  # 404 and 503 before reading the body
             parts = [InputPart("body", UNDECODED, await read_limited(request, limit))]
             headers = dict(request.headers.items())  # ASGI header names are lower case
@@ -79,4 +98,4 @@ def sagemaker_routes(
             log_access(request, response.status_code, model, version, start, answer)
         return response
 
-    return [Route("/invocations", invocations, methods=["POST"])]
+    return invoke

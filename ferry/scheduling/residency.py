@@ -228,6 +228,26 @@ class Residency:
                 total[device] = total.get(device, 0) + size
         return total
 
+    def has_room_for(self, label: str) -> bool:
+        """Whether ``label``'s expected footprint fits every budget beside the models that
+        would stay were every idle on-demand model evicted (those busy, loading or pinned).
+        A load that would go over the budget anyway can then be refused instead (SageMaker's
+        multi-model endpoints: ``ferry.service.multi_model``)."""
+        entry = self._entries.get(label)
+        if entry is None or not self.budgets:
+            return True
+        staying: dict[str, int] = {}
+        for key, other in self._entries.items():
+            if key == label or self._evictable(other):
+                continue
+            for device, size in self._held(other).items():
+                staying[device] = staying.get(device, 0) + size
+        return fits(staying, entry.expected, self.budgets)
+
+    def over_budget(self) -> bool:
+        """The resident models hold more than a budget allows."""
+        return not fits(self.used(), {}, self.budgets)
+
     def _held(self, entry: _Entry) -> Footprint:
         if entry.state == LoadState.LOADING:
             return entry.expected  # not measured yet: what it is expected to take

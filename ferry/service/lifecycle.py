@@ -33,6 +33,7 @@ from ferry.service.startup import (
 from ferry.service.types import ModelRef, RegisterRequest, Registration
 from ferry.store.archive import ModelArchive
 from ferry.store.remote import removed_if_fails, removed_on_failure
+from ferry.store.sagemaker_layout import WEIGHT_SUFFIXES
 from ferry.store.workdir import open_work_dir
 from ferry.worker_handles.handle import WorkerFactory
 
@@ -399,10 +400,14 @@ def memory_budgets(settings: ServerSettings, gpus: int) -> dict[str, int]:
 
 def _estimated_footprint(archive: ModelArchive, gpu_ids: tuple[int, ...]) -> dict[str, int]:
     """Before its first load, a model is expected to take its weights file's size, on the
-    host (and on the GPU its first worker runs on)."""
+    host (and on the GPU its first worker runs on). Without a serialized file (SageMaker's
+    layout: ``model_fn`` reads what it likes), the weight files at the top of its folder."""
     serialized = archive.manifest.serialized_file
-    weights = archive.model_dir / serialized if serialized else None
-    size = weights.stat().st_size if weights is not None and weights.is_file() else 0
+    if serialized:
+        weights = [archive.model_dir / serialized]
+    else:
+        weights = [p for p in archive.model_dir.glob("*") if p.suffix in WEIGHT_SUFFIXES]
+    size = sum(path.stat().st_size for path in weights if path.is_file())
     estimate = {HOST: size}
     if gpu_ids:
         estimate[f"cuda:{gpu_ids[0]}"] = size

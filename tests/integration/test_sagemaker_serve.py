@@ -4,7 +4,6 @@ sagemaker-serve``) configured by SageMaker's variables alone, serving
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
@@ -13,12 +12,7 @@ import pytest
 from tests.fixtures.polling import wait_until
 from tests.fixtures.sagemaker_models import gated_model, transform_model
 from tests.fixtures.server import sagemaker_process, sagemaker_server, stop_process
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.fixtures.torchserve import free_port
 
 
 def _status(url: str) -> int | None:
@@ -30,7 +24,7 @@ def _status(url: str) -> int | None:
 
 def test_ping_answers_200_only_once_the_model_is_loaded(tmp_path: Path) -> None:
     model = gated_model(tmp_path / "ml" / "model", program="serving.py")
-    port = _free_port()
+    port = free_port()
     variables = {
         "SAGEMAKER_PROGRAM": "serving.py",
         "SAGEMAKER_MAX_PAYLOAD_IN_MB": "1",
@@ -97,7 +91,7 @@ def test_a_container_that_cannot_serve_exits_2_saying_why(
     tmp_path: Path, variables: dict[str, str], message: str
 ) -> None:
     (tmp_path / "ml").mkdir()
-    process = sagemaker_process(tmp_path / "ml", tmp_path, _free_port(), variables)
+    process = sagemaker_process(tmp_path / "ml", tmp_path, free_port(), variables)
     try:
         assert process.wait(timeout=120) == 2
     finally:

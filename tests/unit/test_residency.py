@@ -405,3 +405,42 @@ def test_a_smaller_measurement_never_shrinks_what_a_model_is_taken_to_need() -> 
         assert residency.committed() == {HOST: 30 * MB}
 
     run(scenario)
+
+
+def test_room_for_a_model_counts_what_would_stay_were_the_idle_ones_evicted() -> None:
+    async def scenario() -> None:
+        residency = Residency({HOST: 35 * MB}, clock=Clock())
+        pinned = FakeModel("pinned", resident=True)
+        register(residency, pinned, on_demand=False)
+        idle, busy = FakeModel("idle"), FakeModel("busy")
+        register(residency, idle, busy)
+        residency.wanted("idle")
+        residency.wanted("busy")
+        await settle(residency)
+        assert idle.resident() and busy.resident()  # 30 MB of 35
+        busy.waiting = 1
+        small, large = FakeModel("small", 15 * MB), FakeModel("large", 16 * MB)
+        register(residency, small, large)
+        # pinned's and busy's 20 MB stay, idle's would go: 15 more fit in 35, 16 do not
+        assert residency.has_room_for("small")
+        assert not residency.has_room_for("large")
+        assert not residency.over_budget()
+        assert Residency({}, clock=Clock()).has_room_for("anything")
+
+    run(scenario)
+
+
+def test_over_budget_says_when_the_resident_models_hold_more_than_the_budget() -> None:
+    async def scenario() -> None:
+        residency = Residency({HOST: 15 * MB}, clock=Clock())
+        a, b = FakeModel("a"), FakeModel("b")
+        register(residency, a, b)
+        residency.wanted("a")
+        await settle(residency)
+        assert not residency.over_budget()
+        a.waiting = 1  # busy: b's load cannot evict it
+        residency.wanted("b")
+        await settle(residency)
+        assert residency.over_budget()
+
+    run(scenario)

@@ -136,3 +136,28 @@ def test_the_user_module_imports_from_code_with_its_siblings(tmp_path: Path) -> 
         sys.path.remove(str(code))
         sys.modules.pop("sm_program_test", None)
         sys.modules.pop("helpers_for_sm_test", None)
+
+
+def test_models_of_one_process_each_import_their_own_sibling_modules(tmp_path: Path) -> None:
+    """A multi-model endpoint's shared worker process: two models whose code has the same
+    module names (inference.py, helper.py) each get their own, and keep them."""
+    folders = []
+    for value in (1, 2):
+        code = tmp_path / f"model{value}" / "code"
+        code.mkdir(parents=True)
+        (code / "helper_for_sm_test.py").write_text(f"VALUE = {value}\n")
+        (code / "sm_shared_test.py").write_text(
+            "import helper_for_sm_test\n\ndef model_fn(model_dir):\n"
+            "    return helper_for_sm_test.VALUE\n"
+        )
+        folders.append(code)
+    try:
+        first = import_user_module(folders[0], "sm_shared_test")
+        second = import_user_module(folders[1], "sm_shared_test")
+        assert first is not None and second is not None and first is not second
+        assert (first.model_fn("/m"), second.model_fn("/m")) == (1, 2)
+    finally:
+        for code in folders:
+            sys.path.remove(str(code))
+        sys.modules.pop("sm_shared_test", None)
+        sys.modules.pop("helper_for_sm_test", None)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,19 +63,44 @@ def program_module(environ: Mapping[str, str]) -> str:
     return program.removesuffix(".py")
 
 
+_IMPORTING = threading.Lock()
+"""One model's import at a time: the models of a shared process load on threads of it."""
+_CODE_DIRS: set[str] = set()
+"""The ``code/`` folders this process imported models from."""
+
+
 def import_user_module(code_dir: Path, module_name: str) -> ModuleType | None:
     """The user's module, with ``code_dir`` first on ``sys.path`` (its sibling modules
-    import too); None when there is no module of that name."""
+    import too); None when there is no module of that name.
+
+    In a process that serves several models (a multi-model endpoint's shared worker
+    process), each model imports its own: the modules another model imported from its
+    ``code/`` (its ``inference.py``, its ``utils.py``) are dropped from ``sys.modules``
+    first, so a same-named module is read from this model's folder. The other model keeps
+    the module objects it holds."""
     path = str(code_dir)
-    if path in sys.path:
-        sys.path.remove(path)
-    sys.path.insert(0, path)
-    loaded = sys.modules.get(module_name)
-    if loaded is not None and not _is_under(loaded, code_dir):
-        del sys.modules[module_name]  # another model's inference.py, in a shared process
-    if importlib.util.find_spec(module_name) is None:
-        return None
-    return importlib.import_module(module_name)
+    with _IMPORTING:
+        _forget_modules_from(_CODE_DIRS - {path})
+        _CODE_DIRS.add(path)
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+        loaded = sys.modules.get(module_name)
+        if loaded is not None and not _is_under(loaded, code_dir):
+            del sys.modules[module_name]  # e.g. an installed module of the same name
+        if importlib.util.find_spec(module_name) is None:
+            return None
+        return importlib.import_module(module_name)
+
+
+def _forget_modules_from(folders: set[str]) -> None:
+    prefixes = tuple(os.path.join(folder, "") for folder in folders)
+    if not prefixes:
+        return
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if isinstance(origin, str) and origin.startswith(prefixes):
+            del sys.modules[name]
 
 
 def _is_under(module: ModuleType, folder: Path) -> bool:
