@@ -18,8 +18,9 @@ from ferry.service import FerryService
 from ferry.tracing import tracing_for
 from ferry.wire.environment import USER_AFFINITY, user_pins_threads
 from ferry.worker_handles.core_allocation import CoreAllocator
+from ferry.worker_handles.fork_server import ForkServer
 from ferry.worker_handles.handle import WorkerFactory
-from ferry.worker_handles.process import spawn_spare
+from ferry.worker_handles.process import process_environment, spawn_spare
 from ferry.worker_handles.spares import SpareProcesses
 from ferry.workflows.manager import WorkflowManager
 
@@ -32,10 +33,17 @@ class Apis:
     workflows: WorkflowManager
     spares: SpareProcesses | None = None
     """Spare worker processes of compiled models, stopped with the service."""
+    forks: ForkServer | None = None
+    """The process CPU workers are forked from, stopped with the service."""
 
     @classmethod
-    def over(cls, service: FerryService, spares: SpareProcesses | None = None) -> Apis:
-        return cls(service, WorkflowManager(service), spares)
+    def over(
+        cls,
+        service: FerryService,
+        spares: SpareProcesses | None = None,
+        forks: ForkServer | None = None,
+    ) -> Apis:
+        return cls(service, WorkflowManager(service), spares, forks)
 
     @classmethod
     def local(
@@ -50,9 +58,12 @@ class Apis:
         spares = None
         if settings.spare_worker_for_compiled_models and not in_process:
             spares = SpareProcesses(spawn_spare)
-        workers = in_process_workers() if in_process else local_workers(pinned, spares)
+        forks = None
+        if settings.fork_workers and not in_process:
+            forks = ForkServer(process_environment(None))
+        workers = in_process_workers() if in_process else local_workers(pinned, spares, forks)
         tracing = tracing_for(settings.enable_tracing)
-        return cls.over(FerryService(settings, workers, machine, tracing), spares)
+        return cls.over(FerryService(settings, workers, machine, tracing), spares, forks)
 
     async def close(self) -> None:
         """Workflows first (they free their files), then the service stops every worker,
@@ -61,6 +72,8 @@ class Apis:
         await self.service.close()
         if self.spares is not None:
             await self.spares.close()
+        if self.forks is not None:
+            await self.forks.close()
         # The last spans exported: it may wait for the exporter, off the event loop.
         await asyncio.to_thread(self.service.tracing.shutdown)
 
@@ -89,17 +102,22 @@ def pinned_cores(pin: bool, shared_cores: int | None) -> CoreAllocator | None:
 
 
 def local_workers(
-    pinned: CoreAllocator | None, spares: SpareProcesses | None = None
+    pinned: CoreAllocator | None,
+    spares: SpareProcesses | None = None,
+    forks: ForkServer | None = None,
 ) -> WorkerFactory:
     """Workers as local processes, those of a process group in processes its models share
     (``ferry.worker_handles.hosts``); with ``pinned``, each worker of its own process has
     its torch threads on cores of its own (``ferry.worker_handles.core_allocation``); with
     ``spares``, compiled models' workers start in spare processes
-    (``ferry.worker_handles.spares``)."""
+    (``ferry.worker_handles.spares``); with ``forks``, unpinned CPU workers are forked
+    (``ferry.worker_handles.fork_server``)."""
     from ferry.worker_handles.hosts import ProcessHosts, sharing_processes
     from ferry.worker_handles.process import WorkerProcess
 
-    own: WorkerFactory = functools.partial(WorkerProcess.start, cores=pinned, spares=spares)
+    own: WorkerFactory = functools.partial(
+        WorkerProcess.start, cores=pinned, spares=spares, forks=forks
+    )
     return sharing_processes(own, ProcessHosts())
 
 

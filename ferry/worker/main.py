@@ -42,7 +42,12 @@ from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.loading import ReadyHandler, load_handler
 from ferry.worker.pinned_cores import forget_pinning
 from ferry.worker.runner import BatchRunner
-from ferry.worker.torch_setup import SPARE_READY, configure_torch, preload_compiler
+from ferry.worker.torch_setup import (
+    SPARE_READY,
+    configure_torch,
+    preload_compiler,
+    return_freed_memory,
+)
 
 log = logging.getLogger("ferry.worker")
 T = TypeVar("T")
@@ -78,6 +83,7 @@ def _load(spec: WorkerSpec, send: FrameSender) -> tuple[ReadyHandler, BatchRunne
         model_metrics=spec.model_metrics,
         compile_cache=spec.compile_cache,
     )
+    return_freed_memory()
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
     return ready, runner, _chosen_device(ready.instance, spec)
 

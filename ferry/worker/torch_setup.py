@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+
 
 def configure_torch(threads: int) -> None:
     """Intra-op threads for this process: a worker's share of the cores."""
@@ -21,3 +25,18 @@ def preload_compiler() -> None:
     import torch._dynamo
     import torch._inductor.compile_fx
     import torch.export  # noqa: F401
+
+
+def return_freed_memory() -> None:
+    """Give the kernel back what the load freed. glibc keeps freed blocks in its heap for
+    reuse, and a load frees much: a state dict copied into its model, a TorchScript file
+    split into mapped weights (``ferry.handlers.builtin.shared_weights``). Measured on a
+    384 MiB TorchScript model: the worker that split it kept the whole freed copy, 1,144
+    MiB of whole-server PSS with one worker against 740 without sharing."""
+    gc.collect()  # a module's reference cycles, before the heap is trimmed
+    name = ctypes.util.find_library("c")
+    if name is None:  # not glibc (musl): nothing to trim
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

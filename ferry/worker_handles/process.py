@@ -25,6 +25,7 @@ from ferry.worker_handles.connection import (
     raise_start_failure,
 )
 from ferry.worker_handles.core_allocation import CoreAllocator, CoreClaim
+from ferry.worker_handles.fork_server import ForkServer
 from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
 from ferry.worker_handles.spares import SPARE_TAKES_WITHIN, Spare, SpareProcesses
@@ -63,6 +64,7 @@ class WorkerProcess(WorkerConnection):
         startup_timeout: float,
         cores: CoreAllocator | None = None,
         spares: SpareProcesses | None = None,
+        forks: ForkServer | None = None,
     ) -> WorkerProcess:
         """Spawn the worker, send it its spec, and wait until it has loaded its handler;
         with ``cores``, its torch threads on cores of its own while it lives (when enough
@@ -76,8 +78,10 @@ class WorkerProcess(WorkerConnection):
             env.update(pinned_environment(claim.cores))
         spared = spares is not None and claim is None and compiles(spec.model_yaml_config)
         spare = spares.take(spec.gpu_id) if spares is not None and spared else None
+        # Forked: an unpinned CPU worker, whose environment is the fork server's own.
+        forked = forks if claim is None and spec.gpu_id is None else None
         try:
-            worker = await cls._start(spec, startup_timeout, env, spare)
+            worker = await cls._start(spec, startup_timeout, env, spare, forked)
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -104,7 +108,12 @@ class WorkerProcess(WorkerConnection):
 
     @classmethod
     async def _start(
-        cls, spec: WorkerSpec, startup_timeout: float, env: dict[str, str], spare: Spare | None
+        cls,
+        spec: WorkerSpec,
+        startup_timeout: float,
+        env: dict[str, str],
+        spare: Spare | None,
+        forks: ForkServer | None = None,
     ) -> WorkerProcess:
         if spare is not None:
             await spare.hand_over()
@@ -121,7 +130,10 @@ class WorkerProcess(WorkerConnection):
                     spare.process.pid,
                     exc,
                 )
-        process, parent_sock = await _spawned(env)
+        if forks is not None:
+            process, parent_sock = await _forked(forks, env)
+        else:
+            process, parent_sock = await _spawned(env)
         return await cls._connect(spec, startup_timeout, process, parent_sock, None)
 
     @classmethod
@@ -206,6 +218,16 @@ async def _spawned(
     finally:
         child_sock.close()
     return process, parent_sock
+
+
+async def _forked(forks: ForkServer, env: dict[str, str]) -> tuple[Any, socket.socket]:
+    """A worker forked by the fork server; raises ``WorkerStartFailed``."""
+    try:
+        return await forks.spawn(env)
+    except (TimeoutError, OSError, ValueError) as exc:
+        raise WorkerStartFailed(
+            StartFailure.SPAWN, f"the fork server could not start a worker: {exc}"
+        ) from exc
 
 
 async def _spawn(

@@ -175,6 +175,15 @@ class WorkerSettings:
     )
     """``ferry.worker_handles.spares``: the next worker (a restart, a scale-up) starts in
     the spare. Unpinned workers only."""
+    fork_workers: bool = setting(
+        True,
+        v.BOOLEAN,
+        "Start CPU workers that Ferry does not pin to cores by forking them from one process "
+        "that has imported torch: milliseconds and about 35 MB of their own each, against "
+        "about 2 s and 165 MB for a process started afresh. Off: each starts afresh.",
+        see=("One copy of the weights", "architecture.md#one-copy-of-the-weights"),
+    )
+    """``ferry.worker.forks``, ``ferry.worker_handles.fork_server``."""
 
 
 @dataclass(frozen=True)
