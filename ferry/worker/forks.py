@@ -1,12 +1,13 @@
 """The fork server: one process that has imported torch and the worker's code, and forks
-CPU workers from itself (``worker_start: fork``; the frontend's side is
+CPU workers from itself (the ``fork_workers`` setting; the frontend's side is
 ``ferry.worker_handles.fork_server``).
 
-A worker started with ``exec`` imports Python and torch afresh: about 2 s on 2 cores and
-165 MB of memory of its own, for every worker. A forked one shares those pages with the
-fork server, copy on write: 33 MB of its own, measured on this machine, and it starts in
-milliseconds. With the weights mapped (``ferry.handlers.builtin.shared_weights``), a
-model's second worker then costs little more than its own activations.
+A worker started with ``exec`` imports Python and torch afresh: about 2.5 s on 2 cores and
+155 MB of memory of its own, for every worker. A forked one shares those pages with the
+fork server, copy on write: about 20 MB of its own, measured on this machine
+(benchmarks/results/shared_weights.md), and a scale-up's worker is ready in 0.13 s. With
+the weights mapped (``ferry.handlers.builtin.shared_weights``), a model's second worker
+then costs little more than its own activations.
 
 The fork server never runs a torch operator, never starts a thread, and never touches a
 GPU, so a fork copies no thread pool, no lock held by another thread, no CUDA context.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import random
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ferry.worker.main  # noqa: F401
 
+    # Out of the collector's sight: a fork's collections would otherwise write to (and so
+    # copy) every page of these objects.
+    gc.freeze()
     control = socket.socket(fileno=args.fd)
     ForkServer(control).serve()
     return 0

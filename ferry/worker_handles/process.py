@@ -78,8 +78,7 @@ class WorkerProcess(WorkerConnection):
             env.update(pinned_environment(claim.cores))
         spared = spares is not None and claim is None and compiles(spec.model_yaml_config)
         spare = spares.take(spec.gpu_id) if spares is not None and spared else None
-        # Forked: an unpinned CPU worker, whose environment is the fork server's own.
-        forked = forks if claim is None and spec.gpu_id is None else None
+        forked = forks if forkable(spec, claim) else None
         try:
             worker = await cls._start(spec, startup_timeout, env, spare, forked)
         except BaseException:
@@ -169,6 +168,14 @@ class WorkerProcess(WorkerConnection):
         self._writer.close()
         if self.cores is not None:
             self.cores.release()  # for the replacement, which starts before this one is reaped
+
+
+def forkable(spec: WorkerSpec, claim: CoreClaim | None) -> bool:
+    """Whether the fork server may start this worker: an unpinned CPU worker, whose
+    environment is the fork server's own, of a model without packages of its own (those
+    go first on its import path, and the fork server has already imported its own numpy,
+    PIL, yaml...: a model pinning another version must import it afresh)."""
+    return claim is None and spec.gpu_id is None and not spec.package_dirs
 
 
 def _claim_cores(

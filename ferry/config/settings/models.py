@@ -178,9 +178,10 @@ class WorkerSettings:
     fork_workers: bool = setting(
         True,
         v.BOOLEAN,
-        "Start CPU workers that Ferry does not pin to cores by forking them from one process "
-        "that has imported torch: milliseconds and about 35 MB of their own each, against "
-        "about 2 s and 165 MB for a process started afresh. Off: each starts afresh.",
+        "Start CPU workers by forking them from one process that has imported torch: "
+        "milliseconds and about 20 MB of their own each, against about 2.5 s and 155 MB for "
+        "a process started afresh. Workers pinned to cores, on a GPU, or of a model with "
+        "packages of its own always start afresh. Off: every worker starts afresh.",
         see=("One copy of the weights", "architecture.md#one-copy-of-the-weights"),
     )
     """``ferry.worker.forks``, ``ferry.worker_handles.fork_server``."""
