@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -35,16 +34,14 @@ import pytest
 import yaml
 
 from ferry.store.writer import ArchiveSpec, write_archive
+from tests.fixtures.image import ROOT, build_image, podman_refusal, readable_by_anyone
 from tests.fixtures.kserve_layout import MNIST, kserve_config
 from tests.fixtures.models import HANDLERS
 from tests.fixtures.polling import wait_until
 from tests.fixtures.torchserve import free_port
 from tests.fixtures.vision_compat import digit_png, mnist_archive
 
-ROOT = Path(__file__).parents[2]
 RUNTIME = ROOT / "deploy" / "kserve" / "cluster-serving-runtime.yaml"
-IMAGE = os.environ.get("FERRY_TEST_IMAGE", "localhost/ferry:latest")
-BUILD_TIMEOUT = 3600
 GRACE = 30
 """KServe's (Kubernetes') default terminationGracePeriodSeconds."""
 SLOW = {
@@ -57,34 +54,15 @@ SLOW = {
 """KServe's sample config lists mnist; the slow model is listed beside it."""
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "podman runs the image as root here, and this is not root"
-    missing = [tool for tool in ("podman", "runc", "debootstrap") if shutil.which(tool) is None]
-    if missing:
-        return f"{', '.join(missing)} missing (scripts/system-packages.sh installs them as root)"
-    return None
-
-
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(_why_not() is not None, reason=_why_not() or ""),
+    pytest.mark.skipif(podman_refusal() is not None, reason=podman_refusal() or ""),
 ]
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    log = tmp_path_factory.mktemp("image") / "build.log"
-    with open(log, "wb") as output:
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "image.sh"), IMAGE],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            timeout=BUILD_TIMEOUT,
-            check=False,
-        )
-    assert built.returncode == 0, log.read_text()[-4000:]
-    return IMAGE
+    return build_image(tmp_path_factory.mktemp("image") / "build.log")
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +78,7 @@ def mnt_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (models / "config" / "config.properties").write_text(
         kserve_config({"mnist": MNIST, "slow": SLOW})
     )
-    for path in [models, *models.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    models.parent.chmod(0o755)
-    return models
+    return readable_by_anyone(models)
 
 
 def _kserve_container() -> dict[str, Any]:
