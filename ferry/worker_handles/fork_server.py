@@ -20,6 +20,9 @@ import signal
 import socket
 from typing import Any
 
+from ferry.worker_handles.output_relay import relay_output
+from ferry.worker_handles.spawning import spawn_module
+
 log = logging.getLogger("ferry.workers")
 
 FORK_TIMEOUT = 30.0
@@ -99,8 +102,6 @@ class ForkServer:
     async def _started(self) -> socket.socket:
         if self._control is not None and self._reader is not None and not self._reader.done():
             return self._control
-        from ferry.worker_handles.process import spawn_module
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = await spawn_module("ferry.worker.forks", theirs, self.environment)
@@ -113,8 +114,6 @@ class ForkServer:
         self._control = ours
         self._answers = asyncio.Queue()
         assert self._process.stdout is not None
-        from ferry.worker_handles.output_relay import relay_output
-
         pid = self._process.pid
         self._relay = asyncio.ensure_future(
             relay_output(self._process.stdout, f"[fork server pid {pid}]")
@@ -163,7 +162,15 @@ class ForkServer:
 
     async def close(self) -> None:
         """End the fork server (and any worker it still has)."""
+        if self._reader is not None:  # its pending receive holds the socket open
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
         if self._control is not None:
+            # shutdown, not only close: the fork server sees the end at once, whatever
+            # still refers to this socket (the event loop's poll of it among them).
+            with contextlib.suppress(OSError):
+                self._control.shutdown(socket.SHUT_RDWR)
             self._control.close()
             self._control = None
         if self._process is not None and self._process.returncode is None:
@@ -171,10 +178,6 @@ class ForkServer:
                 await asyncio.wait_for(self._process.wait(), 10)
             with contextlib.suppress(ProcessLookupError):
                 self._process.kill()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
 
 
 async def _reader_of(fd: int) -> asyncio.StreamReader:

@@ -39,7 +39,8 @@ from ferry.worker_handles.handle import (
     WorkerStartFailed,
 )
 from ferry.worker_handles.output_relay import relay_output
-from ferry.worker_handles.process import process_environment, spawn_module
+from ferry.worker_handles.process import process_environment
+from ferry.worker_handles.spawning import spawn_module
 
 log = logging.getLogger("ferry.worker")
 

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
 from typing import Any
 
 from ferry.config.sections import compiles
@@ -29,6 +28,7 @@ from ferry.worker_handles.fork_server import ForkServer
 from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
 from ferry.worker_handles.spares import SPARE_TAKES_WITHIN, Spare, SpareProcesses
+from ferry.worker_handles.spawning import spawn_module
 
 log = logging.getLogger("ferry.worker")
 
@@ -249,25 +249,3 @@ async def spawn_spare(gpu_id: int | None) -> Spare:
     assert process.stdout is not None
     relay = asyncio.ensure_future(relay_output(process.stdout, f"[spare pid {process.pid}]"))
     return Spare(process, parent_sock, relay)
-
-
-async def spawn_module(
-    module: str, child_sock: socket.socket, env: dict[str, str], *args: str
-) -> asyncio.subprocess.Process:
-    """``python -P -m MODULE --fd N ARGS``, ``child_sock`` its end of the socket pair."""
-    # -P: the frontend's working directory is not put on the worker's import path, so a
-    # stray ``image_classifier.py`` there cannot replace a built-in handler.
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-P",
-        "-m",
-        module,
-        "--fd",
-        str(child_sock.fileno()),
-        *args,
-        pass_fds=(child_sock.fileno(),),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )

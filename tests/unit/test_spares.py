@@ -196,7 +196,9 @@ def test_only_unpinned_workers_of_compiling_models_take_a_spare(
 ) -> None:
     given: list[Any] = []
 
-    async def fake_start(cls: Any, spec: Any, timeout: float, env: Any, spare: Any) -> Any:
+    async def fake_start(
+        cls: Any, spec: Any, timeout: float, env: Any, spare: Any, forks: Any = None
+    ) -> Any:
         given.append(spare)
         raise Started
 
