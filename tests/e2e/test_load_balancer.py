@@ -26,7 +26,7 @@ from tests.fixtures.gate import release
 from tests.fixtures.haproxy import Balancer, free_port, haproxy, haproxy_binary
 from tests.fixtures.models import echo_store
 from tests.fixtures.polling import HANG_GUARD, wait_until
-from tests.fixtures.processes import children_of, is_running
+from tests.fixtures.processes import descendants_of, is_running
 from tests.fixtures.server import RunningServer, ferry_server
 
 pytestmark = pytest.mark.e2e
@@ -152,7 +152,7 @@ def test_a_replica_killed_while_holding_a_request_costs_no_request(
         holder.start()
         victim = replicas.running["r0"]
         wait_until("r0 to hold the request", (gate / "started").exists, process=victim.process)
-        workers = children_of(victim.process.pid)
+        workers = descendants_of(victim.process.pid)
         assert replicas.stop("r0", signal.SIGKILL) == -signal.SIGKILL
         # Its worker dies with it; only then is the request HAProxy sent again (to a
         # replica that is up, where it blocks too) the one released.

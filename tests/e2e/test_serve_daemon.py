@@ -23,7 +23,7 @@ from ferry.service.snapshots import latest_snapshot
 from tests.fixtures.cli import run_ferry, serve_args
 from tests.fixtures.models import echo_store
 from tests.fixtures.polling import wait_until
-from tests.fixtures.processes import children_of, is_running
+from tests.fixtures.processes import descendants_of, is_running
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +72,7 @@ def test_start_serves_in_the_background_until_stop(
         pid = int(pid_file.read_text())
         assert started.stdout.strip() == f"Ferry started (pid {pid}); logs in {logs}"
         assert is_running(pid)
-        workers = children_of(pid)
+        workers = descendants_of(pid)
         assert workers
 
         urls = json.loads((tmp_path / "ready.json").read_text())

@@ -25,7 +25,7 @@ from tests.fixtures.cli import FERRY, serve_args
 from tests.fixtures.gate import busy_worker
 from tests.fixtures.models import HANDLERS, echo_store, write_config
 from tests.fixtures.polling import wait_until
-from tests.fixtures.processes import children_of, is_running
+from tests.fixtures.processes import descendants_of, is_running
 from tests.fixtures.server import RunningServer, ferry_server
 
 pytestmark = pytest.mark.e2e
@@ -136,7 +136,7 @@ def test_sigint_while_a_model_loads_stops_the_server_and_its_worker(
             log=log_path,
         )
         worker = int(log_path.read_text().split(marker, 1)[1].split()[0])
-        assert worker in children_of(process.pid)
+        assert worker in descendants_of(process.pid)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 1
     finally:
@@ -183,7 +183,7 @@ def test_an_interrupted_start_up_writes_no_model_snapshot(store: Path, tmp_path:
 
 def test_sigterm_while_serving_exits_0_and_stops_the_workers(store: Path, tmp_path: Path) -> None:
     with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
-        workers = children_of(server.process.pid)
+        workers = descendants_of(server.process.pid)
         assert workers
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) == 0
@@ -196,7 +196,7 @@ def test_a_second_signal_while_shutting_down_exits_at_once(store: Path, tmp_path
     gate.mkdir()
     os.mkfifo(gate / "release")  # the handler blocks opening it: a request stays in flight
     with ferry_server(store, ["echo.mar"], tmp_path, command=FERRY) as server:
-        workers = children_of(server.process.pid)
+        workers = descendants_of(server.process.pid)
         in_flight = threading.Thread(
             target=_post_quietly, args=(server.url, b"block:%s" % bytes(gate))
         )
