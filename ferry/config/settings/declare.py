@@ -13,12 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, TypeVar
 
 from ferry.config import values as v
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -87,7 +84,7 @@ def setting_factory(
     return dataclasses.field(default_factory=factory, metadata={OPTION: option})
 
 
-def declared_options(settings_class: type[DataclassInstance]) -> tuple[Option, ...]:
+def declared_options(settings_class: type[Any]) -> tuple[Option, ...]:
     """The options of ``settings_class``'s fields (a dataclass's), keys and fields named."""
     options = []
     for field in dataclasses.fields(settings_class):
