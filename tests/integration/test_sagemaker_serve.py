@@ -4,15 +4,19 @@ sagemaker-serve``) configured by SageMaker's variables alone, serving
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.fixtures.polling import wait_until
-from tests.fixtures.sagemaker_models import gated_model, transform_model
+from tests.fixtures.sagemaker_models import gated_model, held_model, transform_model
 from tests.fixtures.server import sagemaker_process, sagemaker_server, stop_process
 from tests.fixtures.torchserve import free_port
+from tests.integration.test_metrics import _value
 
 
 def _status(url: str) -> int | None:
@@ -78,6 +82,34 @@ def test_the_toolkit_s_settings_reach_the_model(tmp_path: Path) -> None:
     assert described["responseTimeout"] == 60  # SAGEMAKER_TS_RESPONSE_TIMEOUT's default wins
     assert "SAGEMAKER_SUBMIT_DIRECTORY=s3://bucket/sourcedir.tar.gz is not read" in server.log()
     assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_a_batch_is_predicted_together_and_each_request_answered_its_own(tmp_path: Path) -> None:
+    """Four requests queue behind one that holds the worker, then go as one batch: one
+    predict_fn call on their six rows, and each answer is that request's own."""
+    model = held_model(tmp_path / "ml" / "model")
+    variables = {"SAGEMAKER_TS_BATCH_SIZE": "4", "SAGEMAKER_TS_MAX_BATCH_DELAY": "60000"}
+    inputs = [[[1.0, 2.0]], [[3.0, 4.0], [5.0, 6.0]], [[7.0, 8.0]], [[9.0, 0.5], [0.0, 1.0]]]
+    with sagemaker_server(tmp_path / "ml", tmp_path, variables) as server:
+
+        def invoke(rows: list[list[float]]) -> httpx.Response:
+            with server.client() as client:
+                body, json_type = json.dumps(rows), {"Content-Type": "application/json"}
+                return client.post("/invocations", content=body, headers=json_type)
+
+        def queued() -> float:
+            return _value(server.metrics(), "ferry_queue_depth", model_name="model")
+
+        with ThreadPoolExecutor(len(inputs) + 1) as pool:
+            holder = pool.submit(invoke, [[-1.0]])
+            wait_until("the worker held", (model / "holding").exists, process=server.process)
+            answers = [pool.submit(invoke, rows) for rows in inputs]
+            wait_until("four requests queued", lambda: queued() == 4, process=server.process)
+            (model / "go").touch()
+            assert holder.result().json() == [[-2.0]]
+            for rows, answer in zip(inputs, answers, strict=True):
+                assert answer.result().json() == (np.array(rows) * 2).tolist()
+    assert (model / "calls.txt").read_text().split() == ["1", "6"]
 
 
 @pytest.mark.parametrize(

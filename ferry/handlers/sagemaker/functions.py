@@ -15,6 +15,7 @@ defaults, by the toolkit's rules.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -22,7 +23,6 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,7 +33,7 @@ PROGRAM_VARIABLE = "SAGEMAKER_PROGRAM"
 Function = Callable[..., Any]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ServingFunctions:
     """The functions one model is served with, user's or default."""
 
@@ -44,9 +44,12 @@ class ServingFunctions:
     output_fn: Function
     pre_model_fn: Function | None = None
     model_warmup_fn: Function | None = None
+    own_transform: bool = False
+    """Whether ``transform_fn`` is the module's (else it runs the three in turn, and a
+    batch's predictions may be made together: ``ferry.handlers.sagemaker.batching``)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Defaults:
     """The functions a module that lacks one is served with (PyTorch's:
     ``ferry.handlers.sagemaker.defaults``)."""
@@ -131,9 +134,10 @@ def resolve(module: ModuleType | None, defaults: Defaults) -> ServingFunctions:
         output_fn=output_fn or defaults.output_fn,
         pre_model_fn=pick("pre_model_fn"),
         model_warmup_fn=pick("model_warmup_fn"),
+        own_transform=transform_fn is not None,
     )
     if transform_fn is None:
-        return _with_default_transform(functions)
+        return with_default_transform(functions)
     return functions
 
 
@@ -141,21 +145,16 @@ def _unset(*args: Any) -> Any:
     raise AssertionError("replaced by resolve()")
 
 
-def _with_default_transform(functions: ServingFunctions) -> ServingFunctions:
+def with_default_transform(functions: ServingFunctions) -> ServingFunctions:
+    """``functions`` with a ``transform_fn`` that runs their ``input_fn``, ``predict_fn``
+    and ``output_fn`` in turn (the toolkit's, when the module has none)."""
+
     def transform_fn(model: Any, data: Any, content_type: str, accept: str, context: Any) -> Any:
         decoded = call(functions.input_fn, (data, content_type), context)
         prediction = call(functions.predict_fn, (decoded, model), context)
         return call(functions.output_fn, (prediction, accept), context)
 
-    return ServingFunctions(
-        model_fn=functions.model_fn,
-        transform_fn=transform_fn,
-        input_fn=functions.input_fn,
-        predict_fn=functions.predict_fn,
-        output_fn=functions.output_fn,
-        pre_model_fn=functions.pre_model_fn,
-        model_warmup_fn=functions.model_warmup_fn,
-    )
+    return dataclasses.replace(functions, transform_fn=transform_fn)
 
 
 def call(function: Function, args: tuple[Any, ...], context: Any) -> Any:
