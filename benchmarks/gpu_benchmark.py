@@ -58,8 +58,8 @@ from benchmarks.common import closed_loop, jpeg_inputs, machine_description, pub
 from benchmarks.server import BenchmarkServer, ferry_server
 from examples.models.resnet import resnet18, resnet50
 from ferry.config.settings import available_cores
+from ferry.handlers.builtin.formats import load_model
 from ferry.handlers.builtin.gpu_decode import load_gpu_jpeg_decoder
-from ferry.handlers.builtin.model_loading import load_model
 from ferry.handlers.builtin.optimize import Optimizations, optimize_model, prepare_input
 from ferry.procinfo import cpu_seconds, descendants
 from ferry.store.writer import ArchiveSpec, write_archive

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from ferry.handlers.builtin.formats import MODEL_FORMATS, ModelSource
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
 from ferry.scheduling.registry import ModelRegistry
@@ -36,13 +37,19 @@ def list_models(registry: ModelRegistry, limit: int, page_token: int) -> ModelPa
 
 def metadata(registry: ModelRegistry, name: str, version: str | None) -> ModelMetadata:
     """The model's declared tensors (model-config.yaml ``tensor_metadata``: ``inputs``
-    and ``outputs``, each a list of ``{name, datatype, shape}``; none when absent)."""
+    and ``outputs``, each a list of ``{name, datatype, shape}``; none when absent), and
+    the platform of its format (``ferry.handlers.builtin.formats``)."""
     entry = registry.get(name, version)
-    declared = entry.archive.config.raw.get("tensor_metadata") or {}
+    archive = entry.archive
+    declared = archive.config.raw.get("tensor_metadata") or {}
+    manifest = archive.manifest
+    source = ModelSource(
+        archive.model_dir, manifest.serialized_file, manifest.model_file, archive.config.raw
+    )
     return ModelMetadata(
-        name=entry.archive.name,
+        name=archive.name,
         versions=[v.archive.version for v in registry.versions_of(name)],
-        platform="pytorch",
+        platform=MODEL_FORMATS.platform_of(source),
         inputs=_tensor_specs(declared, "inputs", name),
         outputs=_tensor_specs(declared, "outputs", name),
     )

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from ferry.errors import ArchiveError
+from ferry.handlers.builtin.formats import load_model
 from ferry.handlers.builtin.image_classifier import ImageClassifier
-from ferry.handlers.builtin.model_loading import load_model, select_device
+from ferry.handlers.builtin.model_loading import select_device
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import load_entry_point
 from ferry.wire.messages import InputPart, PredictBatch, RequestItem

@@ -170,7 +170,8 @@ def test_invalid_switches_name_the_section(model_dir: Path) -> None:
 def test_onnx_model_answers_like_torch(tmp_path: Path) -> None:
     import warnings
 
-    from ferry.handlers.builtin.model_loading import load_model, select_device
+    from ferry.handlers.builtin.formats import load_model
+    from ferry.handlers.builtin.model_loading import select_device
     from ferry.handlers.builtin.onnx_model import OnnxModel
 
     model = _cnn()

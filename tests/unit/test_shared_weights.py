@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ferry.handlers.builtin import shared_weights
-from ferry.handlers.builtin.model_loading import load_model
+from ferry.handlers.builtin.formats import load_model
 from ferry.handlers.builtin.shared_weights import (
     eager_on_mapped_weights,
     share_loaded,

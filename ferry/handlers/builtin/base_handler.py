@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,19 @@ import torch
 from ferry.config.sections import torchserve_compile_options
 from ferry.errors import ArchiveError
 from ferry.handlers.builtin.device import DevicePath, HostPath, Transform, device_path_for
+from ferry.handlers.builtin.formats import (
+    AOT_COMPILED,
+    EAGER,
+    MODEL_FORMATS,
+    TORCHSCRIPT,
+    ModelFormat,
+    ModelSource,
+    load_model,
+)
 from ferry.handlers.builtin.model_loading import (
+    load_aot_compiled,
     load_eager_model,
     load_label_mapping,
-    load_model,
     select_device,
 )
 from ferry.handlers.builtin.optimize import (
@@ -119,19 +129,18 @@ class BaseHandler:
         self.initialized = True
 
     def _load_model(self, model_dir: Path, serialized: str | None, model_file: str | None) -> Any:
-        """The manifest's model, in eval mode on the handler's device: TorchServe's order of
-        the loading helpers; ONNX and torch.export files are Ferry's own."""
-        if serialized and Path(serialized).suffix in (".onnx", ".pt2"):
-            return load_model(model_dir, serialized, None, self._device())
-        if serialized and Path(serialized).suffix == ".so" and _torchserve_aot_compile(self):
-            return self._load_torch_export_aot_compile(str(model_dir / serialized))
-        if model_file:
-            model = self._load_pickled_model(str(model_dir), model_file, self.model_pt_path)
-            return _on_device_for_inference(model, self._device())
-        if serialized:
-            model = self._load_torchscript_model(str(model_dir / serialized))
-            return _on_device_for_inference(model, None)
-        return None
+        """The manifest's model, in eval mode on the handler's device, in the format
+        ``MODEL_FORMATS`` tells; those TorchServe's ``BaseHandler`` loads through a helper
+        go through that helper, which a subclass may override."""
+        config = getattr(self, "model_yaml_config", None) or {}
+        source = ModelSource(model_dir, serialized, model_file, config)
+        model_format = MODEL_FORMATS.detect(source)
+        if model_format is None:
+            return None
+        helper = _TORCHSERVE_HELPERS.get(model_format)
+        if helper is not None:
+            return helper(self, source)
+        return model_format.load(source, self._device())
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy for a preprocess process: no model, no per-batch context, on the CPU."""
@@ -153,22 +162,7 @@ class BaseHandler:
         ``torch._export.aot_compile``, named by model-config.yaml's ``pt2: {export:
         {aot_compile: true}}``, on ``self.device`` (an AOTInductor package, ``.pt2``, is
         the current form)."""
-        path = Path(model_so_path)
-        if not path.is_file():
-            raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
-        aot_load = getattr(torch._export, "aot_load", None)  # deprecated: gone from a later torch
-        if aot_load is None:
-            raise ArchiveError(
-                f"{path.name}: torch {torch.__version__} has no torch._export.aot_load to load "
-                "it; compile an AOTInductor package instead (ferry archive --aot-inductor)"
-            )
-        device = self._device()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # its loader takes a device type, not an index
-        try:
-            return aot_load(str(path), device.type)
-        except RuntimeError as error:
-            raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error
+        return load_aot_compiled(Path(model_so_path), self._device())
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None
@@ -308,13 +302,30 @@ def timed_stage(context: Context, stage: str, function: Any, argument: Any) -> A
         context.add_stage_time(stage, (time.perf_counter() - start) * 1000, started_ns)
 
 
-def _torchserve_aot_compile(handler: BaseHandler) -> bool:
-    """Whether model-config.yaml says, as TorchServe reads it, that the serialized ``.so``
-    is a model compiled by ``torch._export.aot_compile`` (``pt2: {export: {aot_compile:
-    true}}``)."""
-    pt2 = (getattr(handler, "model_yaml_config", None) or {}).get("pt2")
-    export = pt2.get("export") if isinstance(pt2, dict) else None
-    return isinstance(export, dict) and bool(export.get("aot_compile"))
+def _through_pickled_model(handler: BaseHandler, source: ModelSource) -> Any:
+    model = handler._load_pickled_model(
+        str(source.model_dir), str(source.model_file), handler.model_pt_path
+    )
+    return _on_device_for_inference(model, handler._device())
+
+
+def _through_torchscript_model(handler: BaseHandler, source: ModelSource) -> Any:
+    model = handler._load_torchscript_model(str(source.serialized_path))
+    return _on_device_for_inference(model, None)
+
+
+def _through_aot_compile(handler: BaseHandler, source: ModelSource) -> Any:
+    return handler._load_torch_export_aot_compile(str(source.serialized_path))
+
+
+_TORCHSERVE_HELPERS: dict[ModelFormat, Callable[[BaseHandler, ModelSource], Any]] = {
+    EAGER: _through_pickled_model,
+    TORCHSCRIPT: _through_torchscript_model,
+    AOT_COMPILED: _through_aot_compile,
+}
+"""The formats TorchServe's ``BaseHandler`` loads through a helper a subclass may override
+(``_load_pickled_model``, ``_load_torchscript_model``, ``_load_torch_export_aot_compile``);
+the other formats load as ``MODEL_FORMATS`` says."""
 
 
 def _torchserve_compiled(model: Any, config: dict[str, Any], options: Optimizations) -> Any:

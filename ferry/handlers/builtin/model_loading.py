@@ -1,5 +1,6 @@
 """Loading weights the ways TorchServe archives ship them: TorchScript, eager, torch.export
-programs and AOTInductor packages (both ``.pt2``, told apart by their contents), ONNX."""
+programs, TorchServe's ``aot_compile`` libraries. Which loader an archive needs, and the
+AOTInductor packages and ONNX files, are ``ferry.handlers.builtin.formats``'s."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 import torch
 
 from ferry.errors import ArchiveError
-from ferry.handlers.builtin.aot_package import is_aoti_package, load_aoti_package
 from ferry.handlers.builtin.shared_weights import (
     eager_on_mapped_weights,
     share_loaded,
@@ -49,35 +49,48 @@ def load_eager_model(
     return model
 
 
-def load_model(
-    model_dir: Path, serialized_file: str | None, model_file: str | None, device: torch.device
-) -> torch.nn.Module | None:
-    """The model described by the manifest, in eval mode on ``device``; None if it names none."""
-    weights = model_dir / serialized_file if serialized_file else None
-    if weights is not None and not weights.is_file():
-        raise ArchiveError(f"serialized file {serialized_file!r} not found in the archive")
-    model: Any
-    if weights is not None and weights.suffix == ".onnx":
-        from ferry.handlers.builtin.onnx_model import OnnxModel
-
-        return OnnxModel(weights, device)  # type: ignore[return-value]
-    if weights is not None and weights.suffix == ".pt2":
-        if is_aoti_package(weights):
-            return load_aoti_package(weights, device)  # type: ignore[return-value]
-        model = torch.export.load(str(weights)).module()
-        share_loaded(model, weights, device)
-    elif model_file:
-        model = load_eager_model(model_dir / model_file, weights, device)
-    elif weights is not None:
-        model = torchscript_on_mapped_weights(weights, device)
-        if model is None:
-            model = torch.jit.load(str(weights), map_location=device)  # type: ignore[no-untyped-call]
-    else:
-        return None
+def for_inference(model: Any, device: torch.device) -> Any:
+    """``model`` on ``device``, in eval mode (a graph module from ``torch.export`` has no
+    eval mode to set)."""
     model = model.to(device)
     if hasattr(model, "eval") and not isinstance(model, torch.fx.GraphModule):
         model.eval()
-    return model  # type: ignore[no-any-return]
+    return model
+
+
+def load_exported_program(path: Path, device: torch.device) -> Any:
+    """A ``torch.export`` program (``.pt2``), its weights shared between workers where
+    they can be."""
+    model = torch.export.load(str(path)).module()
+    share_loaded(model, path, device)
+    return for_inference(model, device)
+
+
+def load_torchscript(path: Path, device: torch.device) -> Any:
+    """A TorchScript file, on weights shared between workers where they can be."""
+    model = torchscript_on_mapped_weights(path, device)
+    if model is None:
+        model = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+    return for_inference(model, device)
+
+
+def load_aot_compiled(path: Path, device: torch.device) -> Any:
+    """TorchServe's earlier AOTInductor form: a shared library from
+    ``torch._export.aot_compile`` (an AOTInductor package, ``.pt2``, is the current form)."""
+    if not path.is_file():
+        raise ArchiveError(f"serialized file {path.name!r} not found in the archive")
+    aot_load = getattr(torch._export, "aot_load", None)  # deprecated: gone from a later torch
+    if aot_load is None:
+        raise ArchiveError(
+            f"{path.name}: torch {torch.__version__} has no torch._export.aot_load to load "
+            "it; compile an AOTInductor package instead (ferry archive --aot-inductor)"
+        )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # its loader takes a device type, not an index
+    try:
+        return aot_load(str(path), device.type)
+    except RuntimeError as error:
+        raise ArchiveError(f"{path.name}: AOTInductor could not load it: {error}") from error
 
 
 def load_label_mapping(path: str | Path) -> dict[str, str] | None:
