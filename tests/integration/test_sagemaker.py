@@ -20,6 +20,8 @@ from tests.fixtures.sagemaker_models import (
     mnist_model,
     model_tar_gz,
     scripted_model,
+    toolkit_model,
+    toolkit_net,
     transform_model,
 )
 from tests.fixtures.server import RunningServer, ferry_server
@@ -40,12 +42,15 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     functions_model(folder / "functions")
     transform_model(folder / "transform")
     scripted_model(folder / "scripted")
+    toolkit_model(folder / "toolkit")
     return folder
 
 
 @pytest.fixture(scope="module")
 def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    models = ["mnist=mnist", "functions=functions", "transform=transform", "scripted=scripted"]
+    models = [
+        f"{name}={name}" for name in ("mnist", "functions", "transform", "scripted", "toolkit")
+    ]
     with ferry_server(store, models, tmp_path_factory.mktemp("logs")) as running:
         yield running
 
@@ -132,6 +137,24 @@ def test_custom_attributes_reach_the_functions_that_take_the_context(server: Run
     }
 
 
+def test_an_inference_py_importing_the_toolkits_runs_in_the_worker(server: RunningServer) -> None:
+    """``from sagemaker_inference import ...`` and the PyTorch toolkit's default handler,
+    served by Ferry's shims in the worker process."""
+    images = torch.rand(1, 784)
+    answer = _invoke(
+        server,
+        "toolkit",
+        json.dumps(images.tolist()).encode(),
+        **{"Content-Type": "application/json"},
+    )
+    refused = _invoke(server, "toolkit", b"x", **{"Content-Type": "image/png"})
+    assert answer.status_code == 200, answer.text
+    with torch.no_grad():
+        expected = torch.log_softmax(toolkit_net()(images), dim=1).numpy()
+    assert np.allclose(answer.json(), expected, atol=1e-5)
+    assert (refused.status_code, refused.text) == (415, "image/png is not read here")
+
+
 def test_transform_fn_gets_the_raw_bytes_and_chooses_the_type(server: RunningServer) -> None:
     response = _invoke(
         server, "transform", b"\x01\x02\x03", **{"Content-Type": "application/octet-stream"}
@@ -165,7 +188,7 @@ def test_with_several_models_invocations_needs_model_name(server: RunningServer)
         response = client.post("/invocations", content=b"[1]")
         unknown = client.post("/invocations?model_name=nope", content=b"[1]")
     assert response.status_code == 404
-    assert "functions, mnist, scripted, transform" in response.json()["message"]
+    assert "functions, mnist, scripted, toolkit, transform" in response.json()["message"]
     assert unknown.status_code == 404
 
 

@@ -50,6 +50,7 @@ OPTIONAL_MODULES = {
     "uvloop",  # with uvicorn[standard], but not on every platform
     "watchfiles",
     "nvidia",  # nvidia.dali: TorchServe's DALI handlers, where the user installed DALI
+    "scipy",  # SageMaker's NPZ bodies (sagemaker_inference.decoder), where the model installs it
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 

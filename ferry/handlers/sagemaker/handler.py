@@ -39,6 +39,7 @@ from ferry.handlers.sagemaker.functions import (
     program_module,
     resolve,
 )
+from ferry.handlers.sagemaker.toolkit import add_shims
 
 log = logging.getLogger("ferry.handlers")
 
@@ -63,6 +64,7 @@ class SageMakerHandler:
     def initialize(self, context: Context) -> None:
         """Import the user module, resolve its functions, and load the model."""
         model_dir = str(context.system_properties["model_dir"])
+        add_shims()  # before the user's module: it may import sagemaker_inference
         program = program_module(os.environ)
         module = import_user_module(Path(model_dir) / "code", program)
         if module is None:
