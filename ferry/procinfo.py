@@ -86,6 +86,27 @@ def memory_limit_bytes(limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
     return total
 
 
+CGROUP_OOM_EVENTS = (
+    Path("/sys/fs/cgroup/memory.events"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.oom_control"),  # cgroup v1, Linux 4.13 and later
+)
+
+
+def oom_kills(events: tuple[Path, ...] = CGROUP_OOM_EVENTS) -> int | None:
+    """How many processes the OOM killer has killed in this process's container so far
+    (the cgroup's ``oom_kill`` count); None when no cgroup file says."""
+    for path in events:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
 def descendants(root: int) -> list[int]:
     """``root``'s child processes, theirs, and so on (from each process's parent in /proc)."""
     parents: dict[int, int] = {}

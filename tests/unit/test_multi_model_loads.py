@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from ferry import procinfo
 from ferry.config.settings import ServerSettings
 from ferry.errors import InsufficientMemory, ModelAlreadyExists, ModelLoadFailed
 from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService, multi_model
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerInfo
-from tests.fixtures.fake_worker import Behaviour, FakeWorker, load_error
+from tests.fixtures.fake_worker import Behaviour, FakeWorker, exited_while_loading, load_error
 from tests.fixtures.models import digest_archive
 from tests.fixtures.sagemaker_models import weights_model
 
@@ -39,6 +40,22 @@ class Measured:
         return worker
 
 
+class OomKilled:
+    """Fake workers that die while loading, each killed by the OOM killer: ``kills`` is
+    the container's count, as ``procinfo.oom_kills`` reads it (None: unreadable)."""
+
+    def __init__(self, kills: int | None = 3) -> None:
+        self.kills = kills
+
+    async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
+        if self.kills is not None:
+            self.kills += 1
+        raise exited_while_loading()
+
+    def count(self) -> int | None:
+        return self.kills
+
+
 def run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), 30))
 
@@ -52,7 +69,7 @@ def store(tmp_path: Path) -> Path:
     return store
 
 
-def _service(store: Path, workers: Measured, budget_mb: int) -> FerryService:
+def _service(store: Path, workers: Measured | OomKilled, budget_mb: int) -> FerryService:
     settings = ServerSettings(
         model_store=store,
         enable_model_api=True,
@@ -122,8 +139,47 @@ def test_a_load_that_fails_leaves_nothing_registered(store: Path) -> None:
     async def scenario() -> None:
         service = _service(store, Measured({}, broken=("a",)), budget_mb=0)
         with pytest.raises(ModelLoadFailed, match="a cannot load"):
-            await multi_model.load(service, "a", "a.mar")
+            await multi_model.load(service, "a", "a.mar", oom_kills=lambda: 0)
         assert service.model_names() == []
         await service.close()
 
     run(scenario)
+
+
+def test_a_worker_the_oom_killer_killed_while_loading_is_a_507(store: Path) -> None:
+    """SageMaker unloads a model and retries on 507; a 500 would fail the invocation."""
+
+    async def scenario() -> None:
+        workers = OomKilled()
+        service = _service(store, workers, budget_mb=0)
+        with pytest.raises(InsufficientMemory, match="OOM killer") as refused:
+            await multi_model.load(service, "a", "a.mar", oom_kills=workers.count)
+        assert "exited while loading" in str(refused.value)
+        assert service.model_names() == []
+        await service.close()
+
+    run(scenario)
+
+
+def test_without_an_oom_kill_or_a_count_a_worker_that_died_is_a_failed_load(store: Path) -> None:
+    async def scenario() -> None:
+        unreadable: Callable[[], int | None] = lambda: None  # noqa: E731
+        unchanged: Callable[[], int | None] = lambda: 5  # noqa: E731 (no kill meanwhile)
+        for workers, count in ((OomKilled(None), unreadable), (OomKilled(5), unchanged)):
+            service = _service(store, workers, budget_mb=0)
+            with pytest.raises(ModelLoadFailed, match="exited while loading"):
+                await multi_model.load(service, "a", "a.mar", oom_kills=count)
+            await service.close()
+
+    run(scenario)
+
+
+def test_the_oom_kill_count_is_read_from_the_containers_cgroup(tmp_path: Path) -> None:
+    v2 = tmp_path / "memory.events"
+    v2.write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
+    missing = tmp_path / "absent"
+    assert procinfo.oom_kills((missing, v2, v1)) == 2
+    assert procinfo.oom_kills((missing, v1)) == 7
+    assert procinfo.oom_kills((missing,)) is None
