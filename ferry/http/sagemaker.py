@@ -1,5 +1,6 @@
 """SageMaker's inference path on the inference port: ``POST /invocations`` (``GET /ping``
-is TorchServe's, which SageMaker's health check reads the same way).
+is TorchServe's, which SageMaker's health check reads the same way), and batch
+transform's ``GET /execution-parameters``.
 
 A request goes to ``?model_name=NAME`` when given (TorchServe's rule), else to the one
 registered model; with none or several, it is a 404 naming the models. Its body reaches
@@ -12,23 +13,29 @@ bodies and access log.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ferry.errors import FerryError, ModelNotFound
-from ferry.http.errors import Endpoint, StatusRecorder, error_response
+from ferry.http.errors import Endpoint, StatusRecorder, error_response, guarded
 from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
 from ferry.http.streaming import prediction_response
 from ferry.service import FerryService
+from ferry.service.status import ModelStatus
 from ferry.service.types import InputPart, Prediction
 
 UNDECODED = "application/octet-stream"
 """The type the body is handed over as, so the worker passes its bytes unparsed."""
+TRANSFORM_LIMIT_MB = 100
+"""SageMaker's bound on a batch transform's ``MaxConcurrentTransforms`` times
+``MaxPayloadInMB``."""
 
 
 def invocation_model(service: FerryService, request: Request) -> str:
@@ -57,11 +64,41 @@ ChooseModel = Callable[[Request], str]
 def sagemaker_routes(
     service: FerryService, record: StatusRecorder, limit: int, log_access: AccessLog
 ) -> list[Route]:
-    """``POST /invocations``; every status reported to ``record``, bodies up to ``limit``."""
+    """``POST /invocations`` and ``GET /execution-parameters``; every status reported to
+    ``record``, bodies up to ``limit``."""
     invocations = invocation_endpoint(
         service, record, limit, log_access, lambda request: invocation_model(service, request)
     )
-    return [Route("/invocations", invocations, methods=["POST"])]
+
+    async def parameters(request: Request) -> Response:
+        status = service.describe(invocation_model(service, request), None)[0]
+        document = execution_parameters(status, service.settings.max_request_size)
+        return Response(json.dumps(document), media_type="application/json")
+
+    return [
+        Route("/invocations", invocations, methods=["POST"]),
+        Route("/execution-parameters", guarded(parameters, record), methods=["GET"]),
+    ]
+
+
+def execution_parameters(status: ModelStatus, max_request_size: int) -> dict[str, Any]:
+    """What a batch transform job that leaves them unset should use with this model:
+    payloads as large as Ferry accepts (``max_request_size``, in whole MB, 1 to 100);
+    single records, which Ferry batches itself; and as many requests at once as its
+    workers take in batches (most workers times ``batchSize``), within SageMaker's
+    100 MB for the two multiplied.
+
+        >>> status = ModelStatus("m", "1.0", "", 1, 2, 4, 100, 60, True, [], 100, 0, True, "")
+        >>> execution_parameters(status, 6_553_500)
+        {'MaxConcurrentTransforms': 8, 'BatchStrategy': 'SINGLE_RECORD', 'MaxPayloadInMB': 6}
+    """
+    payload_mb = min(max(max_request_size >> 20, 1), TRANSFORM_LIMIT_MB)
+    taken = max(status.max_workers, status.min_workers, 1) * max(status.batch_size, 1)
+    return {
+        "MaxConcurrentTransforms": min(taken, TRANSFORM_LIMIT_MB // payload_mb),
+        "BatchStrategy": "SINGLE_RECORD",
+        "MaxPayloadInMB": payload_mb,
+    }
 
 
 def invocation_endpoint(

@@ -187,9 +187,13 @@ def test_with_several_models_invocations_needs_model_name(server: RunningServer)
     with server.client() as client:
         response = client.post("/invocations", content=b"[1]")
         unknown = client.post("/invocations?model_name=nope", content=b"[1]")
+        parameters = client.get("/execution-parameters")
+        named = client.get("/execution-parameters?model_name=mnist")
     assert response.status_code == 404
     assert "functions, mnist, scripted, toolkit, transform" in response.json()["message"]
     assert unknown.status_code == 404
+    assert parameters.status_code == 404  # SageMaker then uses its defaults
+    assert named.json()["MaxConcurrentTransforms"] >= 1
 
 
 def test_a_model_tar_gz_serves_as_the_one_model_on_invocations(tmp_path: Path) -> None:

@@ -73,9 +73,15 @@ def test_the_toolkit_s_settings_reach_the_model(tmp_path: Path) -> None:
                 content=b"\x05",
                 headers={"Content-Type": "application/octet-stream"},
             )
+            parameters = client.get("/execution-parameters")
         with server.management() as management:
             described = management.get("/models/model").json()[0]
     assert answer.json() == {"bytes": 1, "sum": 5.0}
+    assert parameters.json() == {  # one worker taking batches of 4, TorchServe's 6.25 MB
+        "MaxConcurrentTransforms": 4,
+        "BatchStrategy": "SINGLE_RECORD",
+        "MaxPayloadInMB": 6,
+    }
     assert (described["modelName"], described["modelVersion"]) == ("model", "1.0")
     assert described["batchSize"] == 4
     assert described["maxBatchDelay"] == 7
