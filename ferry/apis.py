@@ -22,6 +22,7 @@ from ferry.worker_handles.fork_server import ForkServer
 from ferry.worker_handles.handle import WorkerFactory
 from ferry.worker_handles.process import process_environment, spawn_spare
 from ferry.worker_handles.spares import SpareProcesses
+from ferry.worker_handles.weight_keepers import WeightKeepers, keeping_weights
 from ferry.workflows.manager import WorkflowManager
 
 log = logging.getLogger("ferry.service")
@@ -35,6 +36,8 @@ class Apis:
     """Spare worker processes of compiled models, stopped with the service."""
     forks: ForkServer | None = None
     """The process CPU workers are forked from, stopped with the service."""
+    keepers: WeightKeepers | None = None
+    """The weights keepers of models that have one, stopped after their workers."""
 
     @classmethod
     def over(
@@ -42,8 +45,9 @@ class Apis:
         service: FerryService,
         spares: SpareProcesses | None = None,
         forks: ForkServer | None = None,
+        keepers: WeightKeepers | None = None,
     ) -> Apis:
-        return cls(service, WorkflowManager(service), spares, forks)
+        return cls(service, WorkflowManager(service), spares, forks, keepers)
 
     @classmethod
     def local(
@@ -61,9 +65,13 @@ class Apis:
         forks = None
         if settings.fork_workers and not in_process:
             forks = ForkServer(process_environment(None))
-        workers = in_process_workers() if in_process else local_workers(pinned, spares, forks)
+        keepers = None if in_process else WeightKeepers()
+        workers = (
+            in_process_workers() if in_process else local_workers(pinned, spares, forks, keepers)
+        )
         tracing = tracing_for(settings.enable_tracing)
-        return cls.over(FerryService(settings, workers, machine, tracing), spares, forks)
+        service = FerryService(settings, workers, machine, tracing)
+        return cls.over(service, spares, forks, keepers)
 
     async def close(self) -> None:
         """Workflows first (they free their files), then the service stops every worker,
@@ -74,6 +82,8 @@ class Apis:
             await self.spares.close()
         if self.forks is not None:
             await self.forks.close()
+        if self.keepers is not None:
+            await self.keepers.close()
         # The last spans exported: it may wait for the exporter, off the event loop.
         await asyncio.to_thread(self.service.tracing.shutdown)
 
@@ -105,19 +115,23 @@ def local_workers(
     pinned: CoreAllocator | None,
     spares: SpareProcesses | None = None,
     forks: ForkServer | None = None,
+    keepers: WeightKeepers | None = None,
 ) -> WorkerFactory:
     """Workers as local processes, those of a process group in processes its models share
     (``ferry.worker_handles.hosts``); with ``pinned``, each worker of its own process has
     its torch threads on cores of its own (``ferry.worker_handles.core_allocation``); with
     ``spares``, compiled models' workers start in spare processes
     (``ferry.worker_handles.spares``); with ``forks``, unpinned CPU workers are forked
-    (``ferry.worker_handles.fork_server``)."""
+    (``ferry.worker_handles.fork_server``); with ``keepers``, the workers of a model with a
+    weights keeper start on theirs (``ferry.worker_handles.weight_keepers``)."""
     from ferry.worker_handles.hosts import ProcessHosts, sharing_processes
     from ferry.worker_handles.process import WorkerProcess
 
     own: WorkerFactory = functools.partial(
         WorkerProcess.start, cores=pinned, spares=spares, forks=forks
     )
+    if keepers is not None:
+        own = keeping_weights(own, keepers)
     return sharing_processes(own, ProcessHosts())
 
 

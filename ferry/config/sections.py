@@ -205,8 +205,11 @@ def parse_micro_batching(value: Any, where: str = "micro_batching") -> MicroBatc
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+KEEPERS = ("off", "gpu", "all")
+"""``weights_keeper``: none; GPU workers; every worker (CPU ones in shared memory)."""
 _OPTIMIZATION_KEYS = (
     "share_weights",
+    "weights_keeper",
     "precision",
     "channels_last",
     "compile",
@@ -237,6 +240,10 @@ class OptimizationConfig:
     share_weights: bool = True
     """A CPU model's workers map one copy of its weights
     (``ferry.handlers.builtin.shared_weights``); false: each loads its own."""
+    weights_keeper: str = "off"
+    """``gpu``: a model version's workers on one GPU import one copy of its weights from a
+    keeper process (``ferry.worker.weights_keeper``); ``all``: CPU workers too, in shared
+    memory; ``off`` (or false): each GPU worker loads its own. Needs ``share_weights``."""
 
     @property
     def graph_batch_sizes(self) -> tuple[int, ...]:
@@ -256,6 +263,10 @@ def _compile_mode(value: Any, where: str) -> str | None:
     )
 
 
+def _keeper(value: Any, where: str) -> str:
+    return "off" if value is False else choice(*KEEPERS)(value, where)
+
+
 def parse_optimization(value: Any, where: str = "optimization") -> OptimizationConfig:
     section = mapping(value, where)
     refuse_unknown(section, _OPTIMIZATION_KEYS, where)
@@ -272,6 +283,7 @@ def parse_optimization(value: Any, where: str = "optimization") -> OptimizationC
         warmup_batch_sizes=_get(warmup, "batch_sizes", integers(1), (), warmup_where),
         cuda_graphs=_get(section, "cuda_graphs", boolean, False, where),
         share_weights=_get(section, "share_weights", boolean, True, where),
+        weights_keeper=_get(section, "weights_keeper", _keeper, "off", where),
     )
     if options.cuda_graphs:
         if not options.warmup_shape or not options.graph_batch_sizes:
@@ -404,6 +416,18 @@ def shares_weights(model_yaml_config: dict[str, Any]) -> bool:
     if isinstance(optimization, dict):
         return optimization.get("share_weights") is not False
     return True
+
+
+def keeps_weights(model_yaml_config: dict[str, Any], gpu_id: int | None) -> bool:
+    """Whether a worker on ``gpu_id`` (None: the CPU) takes its weights from a weights
+    keeper: ``optimization: weights_keeper`` says so for its device, and its weights are
+    shared at all (``share_weights``)."""
+    optimization = model_yaml_config.get("optimization")
+    if not isinstance(optimization, dict) or optimization.get("share_weights") is False:
+        return False
+    mode = optimization.get("weights_keeper")
+    mode = mode.strip().lower() if isinstance(mode, str) else "off"
+    return mode == "all" or (mode == "gpu" and gpu_id is not None)
 
 
 def compiles(model_yaml_config: dict[str, Any]) -> bool:

@@ -34,6 +34,9 @@ class WorkerSpec:
     compile_cache: str = ""
     """The folder the model's workers share for compiled graphs
     (``ferry.worker.compile_cache``); "" for none."""
+    weights_keeper: str = ""
+    """The Unix socket of the weights keeper it imports its weights from
+    (``ferry.handlers.builtin.kept_weights``); "" for none."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from ferry.handlers.builtin import kept_weights
 from ferry.wire import codec, log_forward
 from ferry.wire.environment import BOUND_GPU, handler_gpu, user_pins_threads
 from ferry.wire.messages import (
@@ -51,6 +52,10 @@ from ferry.worker.torch_setup import (
 
 log = logging.getLogger("ferry.worker")
 T = TypeVar("T")
+
+WEIGHTS_WRITTEN_EXIT = 71
+"""A worker's exit status after its handler wrote into a keeper's shared weights: it
+left the batch unanswered, as a crash would."""
 
 
 class FrameSender:
@@ -144,6 +149,14 @@ def serve(
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
+    if (written := _wrote_shared_weights()) is not None:
+        send(
+            WorkerLoadFailed(
+                f"the handler wrote into the weights its model's workers share "
+                f"({written}): set optimization.weights_keeper off for it"
+            )
+        )
+        return 1
     send(
         WorkerReady(
             os.getpid(),
@@ -171,6 +184,8 @@ def _answer_batches(
             # and retries batch-mates one by one on fresh workers (poison isolation).
             log.error("exiting: the GPU context is unusable (%s)", runner.device_failed)
             return DEVICE_FAILED_EXIT
+        if _wrote_shared_weights() is not None:  # unanswered too: the batch is the culprit
+            return WEIGHTS_WRITTEN_EXIT
         try:
             send(answer)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -179,6 +194,20 @@ def _answer_batches(
             log.exception("batch %d's answer cannot be sent", message.batch_id)
             send(runner.failed(message, exc))
     return 0
+
+
+def _wrote_shared_weights() -> str | None:
+    """The weights file whose keeper's copy the handler wrote into, reported to the keeper
+    (which exits, so every worker on the copy is replaced); None when untouched."""
+    written = kept_weights.written_weights()
+    if written is not None:
+        log.error(
+            "the handler wrote into the weights its model's workers share (%s); weights "
+            "are read-only with a weights keeper: the keeper and its workers are replaced",
+            written,
+        )
+        kept_weights.report_written(written)
+    return written
 
 
 def _run_batch(runner: BatchRunner, message: PredictBatch, inbox: Inbox) -> BatchResult:
@@ -221,15 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.preload_compiler:  # alive and reading: the frontend bounds its wait for this
             FrameSender(sock)(SpecTaken(os.getpid()))
         configure_torch(spec.torch_threads)  # OpenMP has read its variables by now
+        kept_weights.use_keeper(spec.weights_keeper, "cpu" if spec.gpu_id is None else "cuda")
         # Threads pinned, by Ferry or by the user's own OpenMP binding, stay where they are.
         leave_threads = forget_pinning() is not None or user_pins_threads(os.environ)
         status = serve(sock, inbox, spec, place_helpers=not leave_threads)
-    if status == DEVICE_FAILED_EXIT:
+    if status in (DEVICE_FAILED_EXIT, WEIGHTS_WRITTEN_EXIT):
         # Straight out: tearing down a process whose CUDA context faulted may abort in
         # native destructors, and the frontend must see this status to say why.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(DEVICE_FAILED_EXIT)
+        os._exit(status)
     return status
 
 

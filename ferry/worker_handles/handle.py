@@ -71,6 +71,12 @@ class WorkerInfo:
     footprint counts them once (``shared_weights_key`` tells which)."""
     shared_weights_key: str = ""
 
+    @property
+    def shared_weights_on_gpu(self) -> bool:
+        """Its shared weights are a weights keeper's copy in GPU memory (its device's),
+        not a file in the page cache (``ferry.handlers.builtin.shared_weights``)."""
+        return self.shared_weights_key.startswith("keeper:cuda:")
+
 
 class WorkerHandle(Protocol):
     """One started worker. Calls may raise ``WorkerGone`` or any other exception; the

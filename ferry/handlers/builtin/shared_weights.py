@@ -31,7 +31,10 @@ its weights in place (``param.mul_(2)``) gets its own copy of the pages it write
 neither the file nor any other worker sees the change. A worker that dies or is
 recycled takes nothing with it: the file stays, in the model's shared folder, which the
 server removes with the model (a new version is a new folder, so a new copy). GPU
-workers load as before (their weights live in GPU memory; see docs/architecture.md).
+workers load as before (their weights live in GPU memory), unless the model has a
+weights keeper (``optimization: weights_keeper``): then the mapped file is what the
+keeper loads, once per GPU, and the worker imports the keeper's copy in its place
+(``ferry.handlers.builtin.kept_weights``).
 
 The model's shared folder is named by the worker for the duration of a load
 (``sharing_weights``); loads with none (an in-process worker, tests) share nothing.
@@ -53,6 +56,8 @@ from typing import Any
 
 import torch
 
+from ferry.handlers.builtin.kept_weights import keeper
+
 log = logging.getLogger("ferry.worker")
 
 _FOLDER: ContextVar[Path | None] = ContextVar("ferry_shared_weights_folder", default=None)
@@ -67,6 +72,9 @@ class MappedWeights:
     path: str
     size: int
 
+
+KEPT_PREFIX = "keeper:"
+"""How a keeper's copy is named for the footprint: ``keeper:KIND:PATH`` (its device type)."""
 
 _mapped: dict[str, MappedWeights] = {}
 """What this process maps (``mapped_weights``); a host process's several models add up."""
@@ -88,14 +96,12 @@ def mapped_weights() -> list[MappedWeights]:
 
 
 def _folder(device: torch.device) -> Path | None:
-    """The shared folder of the model being loaded, if its weights are to be shared."""
+    """The shared folder of the model being loaded, if its weights are to be shared: on
+    the CPU, or on the device of this worker's weights keeper."""
     folder = _FOLDER.get()
-    return folder if folder is not None and device.type == "cpu" else None
-
-
-def _record(path: Path) -> None:
-    resolved = str(path.resolve())
-    _mapped[resolved] = MappedWeights(resolved, path.stat().st_size)
+    client = keeper()
+    kept = client is not None and client.kind == device.type
+    return folder if folder is not None and (device.type == "cpu" or kept) else None
 
 
 def _mapped_state(path: Path) -> dict[str, torch.Tensor]:
@@ -103,6 +109,33 @@ def _mapped_state(path: Path) -> dict[str, torch.Tensor]:
         path, map_location="cpu", weights_only=True, mmap=True
     )
     return state
+
+
+def _shared_state(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """The state dict of ``path`` as this worker shares it: the keeper's copy when the
+    worker has a keeper of ``device``'s type, else the file mapped."""
+    client = keeper()
+    if client is None or client.kind != device.type:
+        return _mapped_state(path)
+    state, nbytes = client.share(path)
+    _imported[str(path.resolve())] = nbytes
+    return state
+
+
+_imported: dict[str, int] = {}
+"""Weights files whose keeper's copy this process imported: their size there."""
+
+
+def _record(path: Path, module_tensors: list[torch.Tensor]) -> None:
+    """The module's weights are shared: counted once, and a keeper's copy watched."""
+    resolved = str(path.resolve())
+    client = keeper()
+    if resolved in _imported and client is not None:  # the keeper's copy (``_shared_state``)
+        key = f"{KEPT_PREFIX}{client.kind}:{resolved}"
+        _mapped[resolved] = MappedWeights(key, _imported[resolved])
+        client.watch(path, module_tensors)
+        return
+    _mapped[resolved] = MappedWeights(resolved, path.stat().st_size)
 
 
 # --- eager models --------------------------------------------------------------------------
@@ -122,13 +155,13 @@ def eager_on_mapped_weights(
     except Exception:  # a constructor that needs real tensors: built as before
         return None
     source = _server_owned(weights, folder)
-    state = _mapped_state(source)
+    state = _shared_state(source, device)
     if not _fits(model, state):
         return None
     model.load_state_dict(state, assign=True)
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
         return None  # a buffer the state dict does not hold (non-persistent): built as before
-    _record(source)
+    _record(source, list(model.state_dict(keep_vars=True).values()))
     return model
 
 
@@ -173,9 +206,9 @@ def torchscript_on_mapped_weights(path: Path, device: torch.device) -> Any | Non
         if not weights.is_file():
             _split(path, skeleton, weights)
     model = torch.jit.load(str(skeleton), map_location="cpu")  # type: ignore[no-untyped-call]
-    if not _assign(model, _mapped_state(weights)):
+    if not _assign(model, _shared_state(weights, device)):
         return None
-    _record(weights)
+    _record(weights, list(model.state_dict(keep_vars=True).values()))
     return model
 
 
@@ -224,8 +257,8 @@ def share_loaded(model: torch.nn.Module, source: Path, device: torch.device) -> 
             state = model.state_dict()
             torch.save({key: tensor.detach() for key, tensor in state.items()}, partial)
             partial.replace(weights)
-    if _assign(model, _mapped_state(weights)):
-        _record(weights)
+    if _assign(model, _shared_state(weights, device)):
+        _record(weights, list(model.state_dict(keep_vars=True).values()))
 
 
 # --- the shared folder ---------------------------------------------------------------------
