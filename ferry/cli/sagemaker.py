@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve() -> int:
     from ferry.cli.serve import run_loop
-    from ferry.config.sagemaker import sagemaker_start
+    from ferry.config.sagemaker import MODEL_NAME, check_code_is_local, sagemaker_start
     from ferry.config.sources import load_settings
     from ferry.http.listener import multi_model_inference_listener
     from ferry.logs import configure_logging
@@ -73,6 +73,8 @@ def _serve() -> int:
         raise ConfigError(
             f"model store {settings.model_store} is not a folder (SAGEMAKER_BASE_DIR)"
         )
+    if not start.multi_model:
+        check_code_is_local(os.environ, settings.model_store / MODEL_NAME)
     specs = LISTENERS
     if start.multi_model:
         specs = listeners_with("inference", multi_model_inference_listener)

@@ -35,7 +35,9 @@ refused with 507 (``ferry.service.multi_model``).
 ``SAGEMAKER_PROGRAM`` and ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` are read where they
 apply, by the handler in the worker (``ferry.handlers.sagemaker``).
 ``SAGEMAKER_SUBMIT_DIRECTORY`` (set by SageMaker's Python SDK) is not read, as the PyTorch
-toolkit does not read it: the code is the model's ``code/`` folder.
+toolkit does not read it: the code is the model's ``code/`` folder. One that names code
+elsewhere (``s3://``) while that folder lacks the module stops the start
+(``check_code_is_local``).
 """
 
 from __future__ import annotations
@@ -123,6 +125,27 @@ def sagemaker_start(environ: Mapping[str, str], memory_bytes: int = 0) -> SageMa
         if batching:
             settings["models"] = json.dumps({MODEL_NAME: {MODEL_VERSION: batching}})
     return SageMakerStart(multi_model, settings, notes)
+
+
+def check_code_is_local(environ: Mapping[str, str], model_dir: Path) -> None:
+    """``ConfigError`` when ``SAGEMAKER_SUBMIT_DIRECTORY`` names code elsewhere (an
+    ``s3://`` ``sourcedir.tar.gz``) and the model has no ``code/`` module of
+    ``SAGEMAKER_PROGRAM``'s name: Ferry fetches nothing, so the model would be served by
+    the default functions instead of the user's. With the module there it is only noted
+    (``SageMakerStart.notes``), as the PyTorch toolkit ignores the variable too."""
+    submit = environ.get("SAGEMAKER_SUBMIT_DIRECTORY", "").strip()
+    scheme, separator, _ = submit.partition("://")
+    if not separator or scheme == "file":
+        return
+    program = environ.get("SAGEMAKER_PROGRAM", "").strip() or "inference.py"
+    module = model_dir / "code" / (program if program.endswith(".py") else f"{program}.py")
+    if not module.is_file():
+        raise ConfigError(
+            f"SAGEMAKER_SUBMIT_DIRECTORY={submit}: Ferry does not fetch code from "
+            f"{scheme}://, and {module} is missing. Put {module.name} (and the modules it "
+            "imports) in a code/ folder inside model.tar.gz, as SageMaker's PyTorch "
+            "containers require too"
+        )
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:

@@ -123,6 +123,10 @@ def test_a_batch_is_predicted_together_and_each_request_answered_its_own(tmp_pat
     [
         ({}, "start-up model not found in the model store"),
         ({"SAGEMAKER_BIND_TO_PORT": "eighty"}, "SAGEMAKER_BIND_TO_PORT: expected a whole number"),
+        (
+            {"SAGEMAKER_SUBMIT_DIRECTORY": "s3://bucket/sourcedir.tar.gz"},
+            "Ferry does not fetch code from s3://",
+        ),
     ],
 )
 def test_a_container_that_cannot_serve_exits_2_saying_why(

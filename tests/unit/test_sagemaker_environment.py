@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.config.sagemaker import sagemaker_start
+from ferry.config.sagemaker import check_code_is_local, sagemaker_start
 from ferry.config.settings import Address, ServerSettings
 from ferry.config.sources import OPTIONS_BY_KEY, load_settings
 from ferry.errors import ConfigError
@@ -163,6 +163,23 @@ def test_unread_variables_are_noted() -> None:
     multi = sagemaker_start({"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_TS_MIN_WORKERS": "2"})
     assert "single-model endpoint only" in multi.notes[0]
     assert json.dumps(multi.settings)  # plain text values
+
+
+def test_code_named_on_s3_must_be_in_the_model_s_code_folder(tmp_path: Path) -> None:
+    uploaded = {"SAGEMAKER_SUBMIT_DIRECTORY": "s3://bucket/sourcedir.tar.gz"}
+    with pytest.raises(
+        ConfigError, match=r"does not fetch code from s3://.*inference\.py is missing"
+    ):
+        check_code_is_local(uploaded, tmp_path)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "serve.py").touch()
+    with pytest.raises(ConfigError, match=r"inference\.py is missing"):
+        check_code_is_local(uploaded, tmp_path)
+    check_code_is_local({**uploaded, "SAGEMAKER_PROGRAM": "serve.py"}, tmp_path)  # packaged
+    check_code_is_local({**uploaded, "SAGEMAKER_PROGRAM": "serve"}, tmp_path)
+    check_code_is_local({"SAGEMAKER_SUBMIT_DIRECTORY": "file:///elsewhere"}, tmp_path)
+    check_code_is_local({"SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code"}, tmp_path)
+    check_code_is_local({}, tmp_path)
 
 
 def test_the_container_memory_is_its_cgroup_s_limit(tmp_path: Path) -> None:
