@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -31,6 +31,8 @@ from ferry.service import FerryService
 from ferry.service.status import ModelStatus
 from ferry.service.types import InputPart, Prediction
 
+SAGEMAKER_PATHS = ("/invocations", "/execution-parameters")
+"""The paths whose model is ``invoked_model``'s choice, not named in the path."""
 UNDECODED = "application/octet-stream"
 """The type the body is handed over as, so the worker passes its bytes unparsed."""
 TRANSFORM_LIMIT_MB = 100
@@ -40,16 +42,20 @@ TRANSFORM_LIMIT_MB = 100
 
 def invocation_model(service: FerryService, request: Request) -> str:
     """The model ``/invocations`` serves: ``?model_name=``, else the only one."""
-    named = request.query_params.get("model_name")
+    return invoked_model(request.query_params.get("model_name"), service.model_names())
+
+
+def invoked_model(named: str | None, names: Iterable[str]) -> str:
+    """``named`` when given, else the only one of ``names`` (``ModelNotFound`` naming them
+    when there are none or several); Ray's router chooses so too."""
     if named:
         return named
-    names = service.model_names()
-    if len(names) == 1:
-        return names[0]
-    loaded = ", ".join(sorted(names)) if names else "none"
+    loaded = sorted(names)
+    if len(loaded) == 1:
+        return loaded[0]
     raise ModelNotFound(
         f"/invocations serves the one model loaded, or the one ?model_name= names; "
-        f"models loaded: {loaded}"
+        f"models loaded: {', '.join(loaded) if loaded else 'none'}"
     )
 
 

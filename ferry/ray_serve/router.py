@@ -1,7 +1,8 @@
 """The ingress of the application ``ferry`` on ``/``: every request on Ray Serve's ingress
 that no model's own route takes (``DeploymentPlan.direct_route``: TorchServe's prediction
 paths go straight to the model's replicas) goes from here to the replicas of the model
-version its path names (``routes.model_of``), through Ray's handles, which balance over
+version its path names (``routes.model_of``; for SageMaker's ``/invocations``, the one
+``?model_name=`` names or the only one), through Ray's handles, which balance over
 replicas on any node. Server-wide paths are answered here.
 
 A replica lost while it held a request (its node died, it was killed) costs that request
@@ -11,16 +12,21 @@ model that is not deployed still go to a replica, which answers the protocol's o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ferry import __version__
 from ferry.config.settings import ServerSettings
+from ferry.errors import ModelNotFound
+from ferry.http.errors import error_response
+from ferry.http.sagemaker import SAGEMAKER_PATHS, invoked_model
 from ferry.ray_serve.http_call import HttpAnswer, HttpCall, answer_ingress
 from ferry.ray_serve.routes import model_of
 
@@ -64,11 +70,24 @@ class Router:
         own = self._server_wide(path)
         if own is not None:
             return own
-        key = self._key(path)
-        return await answer_ingress(request, self._limit, lambda call: self._forward(key, call))
+        try:
+            key = self._key(path, request.query_params.get("model_name"))
+        except ModelNotFound as error:  # SageMaker's /invocations with no model chosen
+            return error_response(error)
+        # SageMaker's choice named for the replica too: a pool's replicas hold several models.
+        chosen = key.partition("/")[0] if path in SAGEMAKER_PATHS else ""
 
-    def _key(self, path: str) -> str:
+        def forward(call: HttpCall) -> Awaitable[HttpAnswer]:
+            return self._forward(key, naming(call, chosen) if chosen else call)
+
+        return await answer_ingress(request, self._limit, forward)
+
+    def _key(self, path: str, model_name: str | None = None) -> str:
+        """``model/version`` for the path (and SageMaker's ``?model_name=``); "" when no
+        deployed model is named."""
         named = model_of(path)
+        if path in SAGEMAKER_PATHS:
+            named = invoked_model(model_name, self._defaults), None
         if named is not None:
             model, version = named
             key = f"{model}/{version or self._defaults.get(model, '')}"
@@ -115,6 +134,13 @@ class Router:
                 log.exception("replica of %s failed", key)
                 return _error(500, "InternalServerException", _first_line(error))
         return _error(503, "ServiceUnavailableException", f"replicas of {key} lost: {reason}")
+
+
+def naming(call: HttpCall, model: str) -> HttpCall:
+    """``call`` with ``model_name=model`` as its only ``model_name`` query parameter."""
+    query = [(k, v) for k, v in parse_qsl(call.query.decode("latin-1")) if k != "model_name"]
+    query.append(("model_name", model))
+    return dataclasses.replace(call, query=urlencode(query).encode("latin-1"))
 
 
 def _replica_lost() -> tuple[type[BaseException], ...]:

@@ -158,6 +158,21 @@ def test_a_model_spread_over_two_nodes_answers_right_under_load(server: RunningS
         assert missing.json()["type"] == "ModelNotFoundException"
 
 
+def test_sagemakers_invocations_reach_the_one_model_through_the_router(
+    server: RunningServer,
+) -> None:
+    body = b"an invocation"
+    octets = {"Content-Type": "application/octet-stream"}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        alone = client.post("/invocations", content=body, headers=octets)
+        named = client.post("/invocations?model_name=digest", content=body, headers=octets)
+        unknown = client.post("/invocations?model_name=nope", content=body, headers=octets)
+    for answer in (alone, named):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["digest"] == hashlib.sha256(body).hexdigest()
+    assert unknown.status_code == 404
+
+
 def test_replicas_trace_requests_under_the_clients_traceparent_on_both_paths(
     server: RunningServer, receiver: Receiver
 ) -> None:
