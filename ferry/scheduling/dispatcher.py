@@ -44,6 +44,7 @@ from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
     BatchResult,
+    ErrorKind,
     ItemResult,
     PartialResult,
     PredictBatch,
@@ -74,14 +75,6 @@ class ServeEnd(enum.Enum):
     """It died, hung or broke the protocol during a batch; its requests were handled."""
 
 
-class ErrorKind(enum.Enum):
-    """How a worker reports one request's failure (``ItemResult.error_kind``)."""
-
-    NONE = ""
-    INVALID_INPUT = "invalid_input"
-    HANDLER = "handler"
-
-
 RecycleCheck = Callable[[int], str | None]
 """Given the requests a worker has answered, the reason to replace it now, or None."""
 BusyReport = Callable[[bool], None]
@@ -96,10 +89,9 @@ def to_outcome(
 ) -> Prediction | FerryError:
     """A worker's answer to one request, as the service's response or domain error;
     ``trace_ids``: the request's trace, for its access line."""
-    kind = ErrorKind(result.error_kind) if result.error_kind in _KINDS else ErrorKind.HANDLER
-    if kind is ErrorKind.INVALID_INPUT:
+    if result.error_kind is ErrorKind.INVALID_INPUT:
         return InvalidInput(result.message)
-    if kind is ErrorKind.HANDLER:
+    if result.error_kind is ErrorKind.HANDLER:
         status = result.status if 400 <= result.status <= 599 else None
         return HandlerFailed(result.message, status)
     return Prediction(
@@ -112,9 +104,6 @@ def to_outcome(
         result.request_id,
         trace_ids,
     )
-
-
-_KINDS = {kind.value for kind in ErrorKind}
 
 
 class BatchSource(Protocol):
@@ -202,6 +191,9 @@ class Lane:
     """Requests the worker has answered."""
     recycling: str | None = None
     """Why the worker is replaced once the batches it holds are answered, if it is."""
+    last_out: Callable[[], bool] = field(default=lambda: False)
+    """Asked once the worker is retired: True while no other worker will serve its model
+    (scaled to 0), so it answers what is still queued before it stops."""
 
     def note_answered(self, exchange: Exchange) -> None:
         """Count the batch's requests as answered, and ask ``recycle`` (until it gives a
@@ -273,11 +265,15 @@ class Dispatcher:
         retire: asyncio.Event,
         on_busy: BusyReport,
         recycle: RecycleCheck | None = None,
+        *,
+        last_out: Callable[[], bool] = lambda: False,
     ) -> ServeEnd:
         """Feed batches to ``worker`` until it must go; every request it took is answered
-        or back in the queue when this returns (or raises ``CancelledError``)."""
+        or back in the queue when this returns (or raises ``CancelledError``). Retired
+        while ``last_out()``, it first answers what is queued."""
         if self.sequences is None:
-            return await self._serve(worker, retire, on_busy, Lane(self.queue, recycle=recycle))
+            lane = Lane(self.queue, recycle=recycle, last_out=last_out)
+            return await self._serve(worker, retire, on_busy, lane)
         sequences = self.sequences.lane()
         try:
             return await self._serve(worker, retire, on_busy, Lane(sequences, recycle=recycle))
@@ -363,6 +359,8 @@ class Dispatcher:
             if not pending:
                 on_busy(False)
                 jobs = await self._next_batch(worker, retire, lane.source)
+                if jobs is None and self._drains(worker, retire, lane):
+                    jobs = await self._next_batch(worker, None, lane.source)
                 if jobs is None:
                     return ServeEnd.RETIRED if retire.is_set() else ServeEnd.EXITED
                 jobs = self._still_wanted(jobs, lane.source)
@@ -389,6 +387,12 @@ class Dispatcher:
                     "%s worker pid %s recycled: %s", self.name, worker.info.pid, lane.recycling
                 )
                 return ServeEnd.RECYCLE
+
+    def _drains(self, worker: WorkerHandle, retire: asyncio.Event, lane: Lane) -> bool:
+        """Whether a retired worker takes one more batch: requests wait that no other
+        worker will come for (they were queued before the model was scaled to 0)."""
+        queued = len(lane.source) + len(self.suspects)
+        return retire.is_set() and not worker.exited.done() and queued > 0 and lane.last_out()
 
     def _full_batch_to_send_ahead(self, lane: Lane, retire: asyncio.Event) -> list[Job] | None:
         """A batch to send while the worker is still on its only one, when saturated (a
@@ -460,15 +464,17 @@ class Dispatcher:
         return self._still_wanted(self.suspects.take_ready() or source.take_ready() or [], source)
 
     async def _next_batch(
-        self, worker: WorkerHandle, retire: asyncio.Event, source: BatchSource
+        self, worker: WorkerHandle, retire: asyncio.Event | None, source: BatchSource
     ) -> list[Job] | None:
         """The next batch (a lone suspect first); None if the worker exited or its slot is
-        retired first."""
+        retired first (``retire`` None: however retired it is)."""
         takes: dict[asyncio.Future[list[Job]], BatchSource] = {
             asyncio.ensure_future(self.suspects.take_batch()): self.suspects,
             asyncio.ensure_future(source.take_batch()): source,
         }
-        retired = asyncio.ensure_future(retire.wait())
+        retired = asyncio.ensure_future(
+            retire.wait() if retire is not None else asyncio.get_running_loop().create_future()
+        )
         self._idle_workers += 1
         try:
             await asyncio.wait(
@@ -480,7 +486,7 @@ class Dispatcher:
         finally:
             self._idle_workers -= 1
             retired.cancel()
-        serving = not worker.exited.done() and not retire.is_set()
+        serving = not worker.exited.done() and (retire is None or not retire.is_set())
         chosen = next((take for take in takes if take.done()), None) if serving else None
         self._give_back(takes, keep=chosen)
         return chosen.result() if chosen is not None else None

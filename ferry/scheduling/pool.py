@@ -120,6 +120,9 @@ class PoolEvents:
     def no_worker_can_serve(self, reason: str) -> None:
         pass
 
+    def last_worker_gone(self) -> None:
+        """Its last worker stopped after a scale to 0 (or was retired before it came up)."""
+
 
 class WorkerPool:
     """Keeps ``len(slots)`` workers of one model version running."""
@@ -237,6 +240,18 @@ class WorkerPool:
             self._discard_worker(slot)
             slot.state = SlotState.FAILED if slot.gave_up else SlotState.STOPPED
             slot.first_attempt.set()
+            if slot.retire.is_set() and self._no_worker_left(besides=slot):
+                self._events.last_worker_gone()
+
+    def _none_kept(self) -> bool:
+        """True when every slot is retired (scaled to 0) and the pool is not being stopped
+        (``stop`` answers what is queued itself): retired workers serve the queue out."""
+        return not self.slots and not self._stopping
+
+    def _no_worker_left(self, besides: WorkerSlot) -> bool:
+        """True when no slot will serve any more: none kept, none retiring but ``besides``."""
+        retiring = [s for s in self._retiring if s is not besides and not _finished(s)]
+        return self._none_kept() and not retiring
 
     async def _one_worker(self, slot: WorkerSlot, backoff: Backoff) -> float | None:
         """Start one worker and serve with it; returns the delay before the next, or None
@@ -261,7 +276,9 @@ class WorkerPool:
 
         # A shared process's memory is its models' together: no one model's to recycle for.
         check = self._recycle.check_for(None if info.shared else info.pid)
-        end = await self._dispatcher.serve(worker, slot.retire, on_busy, check)
+        end = await self._dispatcher.serve(
+            worker, slot.retire, on_busy, check, last_out=self._none_kept
+        )
         if end is ServeEnd.RECYCLE:
             slot.recycles += 1
             self._events.worker_recycled("limit")
@@ -303,3 +320,7 @@ class WorkerPool:
         if slot.worker is not None:
             slot.worker.kill()
         slot.worker, slot.ready_since = None, None
+
+
+def _finished(slot: WorkerSlot) -> bool:
+    return slot.task is None or slot.task.done()

@@ -593,3 +593,65 @@ def test_a_gpu_fault_is_isolated_as_a_crash_and_named() -> None:
         await runner.stop()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_scaling_to_no_worker_answers_what_is_still_queued(wait: bool) -> None:
+    """A version scaled to 0 workers while requests wait in its queue (they were routed to
+    it before another version became the default): its last worker answers them before it
+    stops, rather than leave them queued where no worker will come."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=1)
+        runner.start()
+        await runner.wait_started()
+        worker = factory.started[0]
+        worker.gate = asyncio.Event()
+        jobs = [make_job(f"{i}".encode()) for i in range(4)]
+        for job in jobs:
+            runner.submit(job)
+        await wait_until(lambda: bool(worker.batches))
+        scaling = asyncio.ensure_future(runner.scale(0, 1, wait=wait))
+        await wait_until(lambda: runner.slots == [])
+        assert runner.waiting > 0  # still queued when the worker was retired
+        worker.gate.set()
+        await scaling
+        assert bodies(await outcomes(jobs)) == [f"{i}".encode() for i in range(4)]
+        await runner.stop()
+
+    run(scenario)
+
+
+def test_requests_queued_for_a_worker_retired_while_loading_are_answered() -> None:
+    """Scaled to 0 before its only worker came up: nothing will serve what queued meanwhile,
+    so it is answered (503) at once instead of waiting for ever."""
+
+    async def scenario() -> None:
+        loading = asyncio.Event()
+
+        async def never_loads(worker_spec: Any, timeout: float) -> Any:
+            loading.set()
+            await asyncio.get_running_loop().create_future()
+
+        runner = ModelRunner(
+            "m",
+            "1.0",
+            spec(),
+            settings(workers=0),
+            never_loads,
+            FerryMetrics().for_model("m", "1.0"),
+            backoff=lambda: Backoff(first=0.0, cap=0.0),
+        )
+        runner.start()
+        await runner.scale(1, 1, wait=False)
+        await loading.wait()
+        job = make_job(b"x")
+        runner.submit(job)
+        await runner.scale(0, 0, wait=True)
+        (outcome,) = await outcomes([job])
+        assert isinstance(outcome, NoWorkerAvailable)
+        assert "scaled to 0 workers" in str(outcome)
+        await runner.stop()
+
+    run(scenario)
