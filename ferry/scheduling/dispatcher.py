@@ -44,7 +44,6 @@ from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
     BatchResult,
-    ErrorKind,
     ItemResult,
     PartialResult,
     PredictBatch,
@@ -75,6 +74,14 @@ class ServeEnd(enum.Enum):
     """It died, hung or broke the protocol during a batch; its requests were handled."""
 
 
+class ErrorKind(enum.Enum):
+    """How a worker reports one request's failure (``ItemResult.error_kind``)."""
+
+    NONE = ""
+    INVALID_INPUT = "invalid_input"
+    HANDLER = "handler"
+
+
 RecycleCheck = Callable[[int], str | None]
 """Given the requests a worker has answered, the reason to replace it now, or None."""
 BusyReport = Callable[[bool], None]
@@ -89,9 +96,10 @@ def to_outcome(
 ) -> Prediction | FerryError:
     """A worker's answer to one request, as the service's response or domain error;
     ``trace_ids``: the request's trace, for its access line."""
-    if result.error_kind is ErrorKind.INVALID_INPUT:
+    kind = ErrorKind(result.error_kind) if result.error_kind in _KINDS else ErrorKind.HANDLER
+    if kind is ErrorKind.INVALID_INPUT:
         return InvalidInput(result.message)
-    if result.error_kind is ErrorKind.HANDLER:
+    if kind is ErrorKind.HANDLER:
         status = result.status if 400 <= result.status <= 599 else None
         return HandlerFailed(result.message, status)
     return Prediction(
@@ -104,6 +112,9 @@ def to_outcome(
         result.request_id,
         trace_ids,
     )
+
+
+_KINDS = {kind.value for kind in ErrorKind}
 
 
 class BatchSource(Protocol):

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from ferry.batching.registry import BATCH_POLICIES, PolicyKind
 from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
 from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
+from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
@@ -57,9 +56,9 @@ class RunnerSettings:
     """TorchServe's maxWorkers, reported by describe; Ferry runs ``workers`` processes."""
     recycle: RecyclePolicy = field(default_factory=RecyclePolicy)
     batch_policy: str = "adaptive"
-    """``batchPolicy``: a policy of ``ferry.batching.registry``."""
-    batch_policy_options: Mapping[str, Any] = field(default_factory=dict)
-    """The policy's options by model-config.yaml key (``latencyObjectiveMs``)."""
+    """``batchPolicy``: adaptive, immediate or fixed_window (``batch_policy``)."""
+    latency_objective_ms: float | None = None
+    """``latencyObjectiveMs``: the adaptive policy never waits past it."""
     client_timeout_ms: float | None = None
     """``clientTimeoutInMills``: the deadline of requests that bring none."""
     deadline_action: str = "reject"
@@ -75,15 +74,6 @@ class RunnerSettings:
     """The process group whose worker processes it shares; "" for processes of its own."""
     load_on_demand: bool = False
     """No workers until a request comes (``ferry.scheduling.residency``)."""
-
-
-def _policy_kind(name: str, *, stateful: bool) -> PolicyKind:
-    """The policy called ``name``; ``ValueError`` if there is none, or if a stateful
-    model asks for one that says it cannot batch sequences."""
-    kind = BATCH_POLICIES.kind(name)
-    if stateful and not kind.serves_sequences:
-        raise ValueError(f"batch policy {name!r} cannot batch a stateful model's sequences")
-    return kind
 
 
 class _RunnerEvents(PoolEvents):
@@ -141,12 +131,11 @@ class ModelRunner:
         self.spec = spec
         self.settings = settings
         self.metrics = metrics or FerryMetrics(enabled=False).for_model(name, version)
-        policy = _policy_kind(settings.batch_policy, stateful=settings.sequences is not None)
         self.queue: BatchQueue[Job] = BatchQueue(
             settings.batch_size,
             settings.max_batch_delay,
             settings.queue_capacity,
-            policy=policy.make(settings.batch_policy_options),
+            policy=make_policy(settings.batch_policy, settings.latency_objective_ms),
             on_dispatch=self.metrics.batch_released,
             priority_of=lambda job: job.priority,
         )
@@ -157,7 +146,7 @@ class ModelRunner:
                 settings.sequences,
                 settings.batch_size,
                 settings.max_batch_delay,
-                wait_for_more=policy.sequences_wait,
+                wait_for_more=settings.batch_policy == "fixed_window",
             )
         )
         self.dispatcher = Dispatcher(
@@ -189,15 +178,13 @@ class ModelRunner:
         """Why a load on demand is not tried now (``Residency.refusal``: the last load
         failed a moment ago), or None."""
 
-    def set_batch_policy(self, name: str, options: Mapping[str, Any]) -> None:
-        """Batch with policy ``name`` and its ``options`` from now on (``ValueError`` for
-        an unknown one, or one a stateful model cannot use)."""
-        policy = _policy_kind(name, stateful=self.sequences is not None)
-        self.queue.set_policy(policy.make(options))
+    def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
+        """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
+        self.queue.set_policy(make_policy(name, latency_objective_ms))
         if self.sequences is not None:
-            self.sequences.wait_for_more = policy.sequences_wait
+            self.sequences.wait_for_more = name == "fixed_window"
         self.settings = dataclasses.replace(
-            self.settings, batch_policy=name, batch_policy_options=dict(options)
+            self.settings, batch_policy=name, latency_objective_ms=latency_objective_ms
         )
 
     def set_torch_threads(self, threads: int) -> None:
@@ -254,21 +241,20 @@ class ModelRunner:
     def footprint(self) -> dict[str, int]:
         """What its workers measured at their load: host memory, and each GPU's. Weights
         its workers map from one file (``ferry.handlers.builtin.shared_weights``) count
-        once, however many map them; so does a weights keeper's copy, on its GPU."""
+        once, however many map them."""
         total: dict[str, int] = {}
-        shared: dict[tuple[str, str], int] = {}
+        shared: dict[str, int] = {}
         for slot in self.slots:
             if slot.worker is None:
                 continue
             info = slot.worker.info
             total[HOST] = total.get(HOST, 0) + info.footprint_bytes
             if info.shared_weights_key:
-                place = info.device if info.shared_weights_on_gpu else HOST
-                shared[(place, info.shared_weights_key)] = info.shared_weights_bytes
+                shared[info.shared_weights_key] = info.shared_weights_bytes
             if info.gpu_bytes:
                 total[info.device] = total.get(info.device, 0) + info.gpu_bytes
-        for (place, _), size in shared.items():
-            total[place] = total.get(place, 0) + size
+        if shared:
+            total[HOST] = total.get(HOST, 0) + sum(shared.values())
         return total
 
     async def load(self) -> None:
