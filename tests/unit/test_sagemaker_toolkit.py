@@ -8,6 +8,7 @@ import importlib
 import io
 import json
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,25 @@ def test_npz_needs_scipy_as_in_the_toolkit(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "scipy", None)  # not installed
     with pytest.raises(toolkit.UnsupportedFormatError, match="add scipy to code/requirements"):
         toolkit.decode(b"PK", "application/x-npz")
+
+
+def test_npz_is_read_by_scipy_where_the_model_installed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read: list[bytes] = []
+
+    def load_npz(stream: io.BytesIO) -> str:
+        read.append(stream.read())
+        return "matrix"
+
+    sparse = types.ModuleType("scipy.sparse")
+    sparse.load_npz = load_npz  # type: ignore[attr-defined]
+    scipy = types.ModuleType("scipy")
+    scipy.sparse = sparse  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "scipy", scipy)
+    monkeypatch.setitem(sys.modules, "scipy.sparse", sparse)
+    assert toolkit.decode(b"PK\x03\x04", "application/x-npz") == "matrix"
+    assert read == [b"PK\x03\x04"]
 
 
 def test_the_default_handler_classes(tmp_path: Path) -> None:
