@@ -88,7 +88,7 @@ BEFORE = Setup("before: own copy, started afresh", shared=False, fork=False)
 SETUPS = (
     BEFORE,
     Setup("weights shared, started afresh", shared=True, fork=False),
-    Setup("weights shared, forked (--fork-workers true)", shared=True, fork=True),
+    Setup("weights shared, forked (the default)", shared=True, fork=True),
 )
 
 
@@ -262,8 +262,9 @@ def page(figures: Figures, rounds: int, requests: int) -> list[str]:
         "behind a `BaseHandler` subclass (tests/fixtures/handlers/"
         "weights_reporting_handler.py). Three setups: each worker loading its own copy in "
         "a process started afresh, as before (`optimization: share_weights: false`, "
-        "`--fork-workers false`); the weights shared (the default); and the weights shared "
-        "by workers forked from one process that has imported torch (`--fork-workers true`).",
+        "`--fork-workers false`); the weights shared, workers started afresh "
+        "(`--fork-workers false`); and the weights shared by workers forked from one process "
+        "that has imported torch (the default).",
         "",
         "## Whole-server memory (PSS: the frontend and every worker process)",
         "",

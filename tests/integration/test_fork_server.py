@@ -1,7 +1,7 @@
-"""CPU workers forked from the fork server (``--fork-workers true``): their parent
-is the fork server, they draw their own random numbers, a killed one is replaced, a
-killed fork server takes its workers along and a new one starts theirs, and
-without it (the default) they start afresh."""
+"""CPU workers forked from the fork server (the default): their parent is the fork
+server, they draw their own random numbers, a killed one is replaced, a killed fork
+server takes its workers along and a new one starts theirs, and with
+``--fork-workers false`` they start afresh."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     os.environ["FERRY_TEST_MARK"] = "given"
     try:
         folder = tmp_path_factory.mktemp("fork")
-        with ferry_server(store, ["proc=proc.mar"], folder, "--fork-workers", "true") as running:
+        with ferry_server(store, ["proc=proc.mar"], folder) as running:
             yield running
     finally:
         del os.environ["FERRY_TEST_MARK"]
@@ -114,8 +114,8 @@ def test_a_killed_fork_server_takes_its_workers_and_a_new_one_starts_theirs(
     assert len(_answers(server, 2 * WORKERS)) == 2 * WORKERS
 
 
-def test_by_default_workers_start_afresh(store: Path, tmp_path: Path) -> None:
-    with ferry_server(store, ["proc=proc.mar"], tmp_path) as server:
+def test_without_forking_workers_start_afresh(store: Path, tmp_path: Path) -> None:
+    with ferry_server(store, ["proc=proc.mar"], tmp_path, "--fork-workers", "false") as server:
         pids = _all_ready(server)
         for pid in pids:
             assert "ferry.worker.main" in _cmdline(pid)

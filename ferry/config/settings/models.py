@@ -176,13 +176,12 @@ class WorkerSettings:
     """``ferry.worker_handles.spares``: the next worker (a restart, a scale-up) starts in
     the spare. Unpinned workers only."""
     fork_workers: bool = setting(
-        False,
+        True,
         v.BOOLEAN,
         "Start CPU workers by forking them from one process that has imported torch: "
         "milliseconds and about 20 MB of their own each, against about 2.5 s and 155 MB for "
         "a process started afresh. Workers pinned to cores, on a GPU, or of a model with "
-        "packages of its own always start afresh. Off by default until a request lost once "
-        "while versions were switched under load is explained.",
+        "packages of its own always start afresh.",
         see=("One copy of the weights", "architecture.md#one-copy-of-the-weights"),
     )
     """``ferry.worker.forks``, ``ferry.worker_handles.fork_server``."""
