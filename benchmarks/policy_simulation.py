@@ -27,10 +27,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
 from benchmarks.common import publish
+from ferry.batching.policies import BatchPolicy, CostModel
+from ferry.batching.registry import make_policy
 from ferry.bench.arrivals import poisson_offsets
 from ferry.bench.policy_sim import FullBatchPolicy, simulate_policy
 from ferry.bench.stats import percentile
-from ferry.scheduling.batch_policy import BatchPolicy, CostModel, make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_REPORT = RESULTS / "batching_peers" / "ferry_adaptive" / "limit.json"

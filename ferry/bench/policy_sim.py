@@ -2,7 +2,7 @@
 with no server around them.
 
 ``ferry.bench.limit.simulate`` is the ideal (greedy) dispatcher. This module drives the
-real policy objects of ``ferry.scheduling.batch_policy`` instead, one worker, so that a
+real policy objects of ``ferry.batching.policies`` instead, one worker, so that a
 policy's own latency can be told apart from what the server around it costs: a benchmark
 that finds a peer's p99 below Ferry's can ask whether Ferry's policy, run on the peer's
 terms, would have done better, or whether the difference lies elsewhere.
@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ferry.batching.policies import BatchPolicy, CostModel, Decision, QueueState
 from ferry.bench.limit import Simulated
-from ferry.scheduling.batch_policy import BatchPolicy, CostModel, Decision, QueueState
 
 
 class FullBatchPolicy:

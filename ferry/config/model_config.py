@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ferry.batching.registry import BATCH_POLICIES, PolicyOption
 from ferry.config.sections import (
     HANDLER_SECTIONS,
     ImageTransformConfig,
@@ -40,6 +41,21 @@ log = logging.getLogger("ferry.config")
 MAX_DOCUMENT_BYTES = 1 << 20
 """The largest model-config.yaml, and the most it may expand to through aliases."""
 
+
+def batch_policy_name(value: Any, where: str) -> str:
+    """A policy ``BATCH_POLICIES`` declares, as registered now."""
+    read: Reader = choice(*BATCH_POLICIES.names())
+    return str(read(value, where))
+
+
+def read_policy_option(option: PolicyOption, value: Any, where: str) -> float | int:
+    """A batch policy's option, read as this module reads its own numbers."""
+    if option.integer:
+        low = int(option.minimum) + (1 if option.above_minimum else 0)
+        return int(integer(low)(value, where))
+    return float(number(option.minimum, above_low=option.above_minimum)(value, where))
+
+
 _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "minWorkers": ("min_workers", integer(0)),
     "maxWorkers": ("max_workers", integer(0)),
@@ -52,8 +68,7 @@ _KNOWN_KEYS: dict[str, tuple[str, Reader]] = {
     "maxWorkerMemoryMB": ("max_worker_memory_mb", integer(1)),
     "jobQueueSize": ("job_queue_size", integer(1)),
     "startupTimeout": ("startup_timeout", number(0.0, above_low=True)),
-    "batchPolicy": ("batch_policy", choice("adaptive", "immediate", "fixed_window")),
-    "latencyObjectiveMs": ("latency_objective_ms", number(0.0, above_low=True)),
+    "batchPolicy": ("batch_policy", batch_policy_name),
     "clientTimeoutInMills": ("client_timeout_ms", number(0.0, above_low=True)),
     "deadlineAction": ("deadline_action", choice("reject", "delay")),
     "sequenceBatching": ("sequence_batching", boolean),
@@ -104,10 +119,11 @@ class ModelConfig:
     startup_timeout: float | None = None
     """Seconds a worker may take to load the model (TorchServe's ``startupTimeout``)."""
     batch_policy: str | None = None
-    """Ferry: ``adaptive`` (default), ``immediate`` or ``fixed_window``
-    (``ferry.scheduling.batch_policy``)."""
-    latency_objective_ms: float | None = None
-    """Ferry: the adaptive policy never holds a request so long that it would miss this."""
+    """Ferry: a policy of ``ferry.batching.registry`` (``adaptive``, the default,
+    ``immediate`` or ``fixed_window``)."""
+    batch_policy_options: Mapping[str, Any] = field(default_factory=dict)
+    """The policies' own top-level keys the document sets (``latencyObjectiveMs``: the
+    adaptive policy never holds a request so long that it would miss it), read."""
     client_timeout_ms: float | None = None
     """TorchServe's ``clientTimeoutInMills``: every request's deadline unless it brings
     its own (``x-ferry-deadline-ms``); TorchServe drops such requests silently, Ferry
@@ -174,6 +190,12 @@ def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
             f"{source}: sequenceBatching: true needs sequenceMaxIdleMSec above 0 (how long "
             "a sequence may wait for its next request before it ends)"
         )
+    check_sequence_policy(values.get("batch_policy"), values.get("sequence_batching"), source)
+    options = {
+        option.key: read_policy_option(option, document[option.key], f"{source}: {option.key}")
+        for option in BATCH_POLICIES.options()
+        if option.key in document
+    }
     sections = {
         name: read_section(kind, document[name], f"{source}: {name}")
         for name, kind in HANDLER_SECTIONS.items()
@@ -181,6 +203,7 @@ def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
     }
     return ModelConfig(
         **values,
+        batch_policy_options=options,
         micro_batching=parse_micro_batching(
             document.get("micro_batching"), f"{source}: micro_batching"
         ),
@@ -191,6 +214,15 @@ def parse_model_config(document: dict[str, Any], *, source: str) -> ModelConfig:
     )
 
 
+def check_sequence_policy(policy: str | None, stateful: bool | None, source: str) -> None:
+    """A stateful model refuses a policy that says it cannot batch sequences."""
+    if stateful and policy and not BATCH_POLICIES.kind(policy).serves_sequences:
+        raise ModelConfigError(
+            f"{source}: batchPolicy: {policy} cannot batch a stateful model's sequences "
+            "(sequenceBatching: true)"
+        )
+
+
 def misspelt_keys(document: Mapping[Any, Any], source: str) -> tuple[str, ...]:
     """A warning for each unknown top-level key close to a known one (``batchSzie``).
 
@@ -199,7 +231,7 @@ def misspelt_keys(document: Mapping[Any, Any], source: str) -> tuple[str, ...]:
     reads is almost surely a typo, and ignored it would leave the model at that setting's
     default. Keys unlike any known one (a handler's own) pass silently.
     """
-    known = (*_KNOWN_KEYS, *TORCHSERVE_ONLY_KEYS, *SECTION_KEYS)
+    known = (*_KNOWN_KEYS, *_policy_keys(), *TORCHSERVE_ONLY_KEYS, *SECTION_KEYS)
     found = []
     for key in document:
         if not isinstance(key, str) or key in known:
@@ -211,6 +243,10 @@ def misspelt_keys(document: Mapping[Any, Any], source: str) -> tuple[str, ...]:
                 "(only the handler sees it)"
             )
     return tuple(found)
+
+
+def _policy_keys() -> tuple[str, ...]:
+    return tuple(option.key for option in BATCH_POLICIES.options())
 
 
 def load_model_config(path: Path) -> ModelConfig:
@@ -286,11 +322,18 @@ def apply_overrides(config: ModelConfig, overrides: dict[str, Any], *, source: s
     """config.properties' per-version settings win over the archive's model-config.yaml,
     except its workers where the archive sets them (``ModelConfig.sets_workers``, as in
     TorchServe); they are validated by the same rules."""
-    known = {key: value for key, value in overrides.items() if key in _KNOWN_KEYS}
+    readable = (*_KNOWN_KEYS, *_policy_keys())
+    known = {key: value for key, value in overrides.items() if key in readable}
     others = {k: v for k, v in overrides.items() if k not in MODELS_JSON_ONLY_KEYS}
     for warning in misspelt_keys(others, source):  # config.properties' typos too
         log.warning("%s", warning.replace("Ferry ignores it (only the handler sees it)", "ignored"))
     if config.sets_workers:
         known = {key: value for key, value in known.items() if key not in WORKER_KEYS}
     parsed = parse_model_config(known, source=source)
-    return config.merged(**{attr: getattr(parsed, attr) for attr, _ in _KNOWN_KEYS.values()})
+    # Only the keys given: a field's default (sequenceBatching's false) is no override.
+    merged = config.merged(
+        **{attr: getattr(parsed, attr) for key, (attr, _) in _KNOWN_KEYS.items() if key in known},
+        batch_policy_options={**config.batch_policy_options, **parsed.batch_policy_options},
+    )
+    check_sequence_policy(merged.batch_policy, merged.sequence_batching, source)
+    return merged

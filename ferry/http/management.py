@@ -15,7 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ferry.errors import InvalidRequest, ModelNotFound
+from ferry.batching.registry import BATCH_POLICIES
+from ferry.config.model_config import read_policy_option
+from ferry.errors import InvalidRequest, ModelConfigError, ModelNotFound
 from ferry.http.errors import StatusRecorder, exception_handlers, guarded
 from ferry.http.openapi import description_routes, management_description
 from ferry.http.params import Params
@@ -147,9 +149,23 @@ async def change(service: FerryService, name: str, version: str | None, params: 
     policy = params.text("batch_policy")
     if policy is None:
         return await scale(service, name, version, params)
-    objective = params.number("latency_objective_ms", minimum=0.0)
-    ref = service.set_batch_policy(name, version, policy, objective)
+    ref = service.set_batch_policy(name, version, policy, _policy_options(params))
     return _status(f"Batch policy of model {ref.name} set to {policy}")
+
+
+def _policy_options(params: Params) -> dict[str, Any]:
+    """The batch policies' options the call sets (``latency_objective_ms=``), by their
+    model-config.yaml keys, read as model-config.yaml's are."""
+    options: dict[str, Any] = {}
+    for option in BATCH_POLICIES.options():
+        text = params.text(option.param)
+        if text is None:
+            continue
+        try:
+            options[option.key] = read_policy_option(option, text, f"Parameter {option.param}")
+        except ModelConfigError as error:
+            raise InvalidRequest(str(error)) from None
+    return options
 
 
 def management_app(service: FerryService, workflows: WorkflowManager) -> Starlette:

@@ -11,6 +11,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ferry import __version__
+from ferry.batching.registry import BATCH_POLICIES
 
 _ERROR = {
     "type": "object",
@@ -151,13 +152,26 @@ def inference_description() -> dict[str, Any]:
     }
 
 
+def _batch_policy_params() -> list[dict[str, Any]]:
+    """``batch_policy`` (one of the registered policies) and every policy's options."""
+    names = BATCH_POLICIES.names()
+    described = "; ".join(f"{n}: {BATCH_POLICIES.kind(n).description}" for n in names)
+    policy = _param("batch_policy", "query", {"type": "string", "enum": list(names)}, described)
+    options = [
+        _param(option.param, "query", {"type": "number"}, f"{option.key}: {option.description}")
+        for option in BATCH_POLICIES.options()
+    ]
+    return [policy, *options]
+
+
 def management_description() -> dict[str, Any]:
     scale = {
-        "summary": "Scale workers",
+        "summary": "Scale workers, or with batch_policy switch the batch policy",
         "parameters": [
             _param("min_worker", "query", _INT, "Workers to run (default 1)"),
             _param("max_worker", "query", _INT, "Maximum workers (default min_worker)"),
             _param("synchronous", "query", _BOOL, "Wait until scaled (200) or not (202)"),
+            *_batch_policy_params(),
         ],
         "responses": {
             "200": _json(_STATUS, "Scaled"),

@@ -6,14 +6,14 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from ferry.errors import Overloaded
-from ferry.scheduling.batch_policy import (
+from ferry.batching.policies import (
+    AdaptivePolicy,
     BatchPolicy,
     CostModel,
     Decision,
     QueueState,
-    make_policy,
 )
+from ferry.errors import Overloaded
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ class BatchAssembler(Generic[T]):
         self.batch_size = batch_size
         self.max_delay = max_delay
         self.capacity = capacity
-        self.policy = policy or make_policy("adaptive")
+        self.policy = policy or AdaptivePolicy()
         self.costs = CostModel()
         """Batch costs seen, whatever the policy: what shedding by deadline consults."""
         self._levels: dict[int, deque[tuple[float, T]]] = {}

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from ferry.batching.policies import BatchPolicy, CostModel
 from ferry.scheduling.assembler import BatchAssembler
-from ferry.scheduling.batch_policy import BatchPolicy, CostModel
 from ferry.scheduling.waiting import wake_or_time_out
 
 T = TypeVar("T")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from ferry.batching.registry import BATCH_POLICIES, PolicyKind
 from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
 from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
-from ferry.scheduling.batch_policy import make_policy
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
@@ -56,9 +57,9 @@ class RunnerSettings:
     """TorchServe's maxWorkers, reported by describe; Ferry runs ``workers`` processes."""
     recycle: RecyclePolicy = field(default_factory=RecyclePolicy)
     batch_policy: str = "adaptive"
-    """``batchPolicy``: adaptive, immediate or fixed_window (``batch_policy``)."""
-    latency_objective_ms: float | None = None
-    """``latencyObjectiveMs``: the adaptive policy never waits past it."""
+    """``batchPolicy``: a policy of ``ferry.batching.registry``."""
+    batch_policy_options: Mapping[str, Any] = field(default_factory=dict)
+    """The policy's options by model-config.yaml key (``latencyObjectiveMs``)."""
     client_timeout_ms: float | None = None
     """``clientTimeoutInMills``: the deadline of requests that bring none."""
     deadline_action: str = "reject"
@@ -74,6 +75,15 @@ class RunnerSettings:
     """The process group whose worker processes it shares; "" for processes of its own."""
     load_on_demand: bool = False
     """No workers until a request comes (``ferry.scheduling.residency``)."""
+
+
+def _policy_kind(name: str, *, stateful: bool) -> PolicyKind:
+    """The policy called ``name``; ``ValueError`` if there is none, or if a stateful
+    model asks for one that says it cannot batch sequences."""
+    kind = BATCH_POLICIES.kind(name)
+    if stateful and not kind.serves_sequences:
+        raise ValueError(f"batch policy {name!r} cannot batch a stateful model's sequences")
+    return kind
 
 
 class _RunnerEvents(PoolEvents):
@@ -131,11 +141,12 @@ class ModelRunner:
         self.spec = spec
         self.settings = settings
         self.metrics = metrics or FerryMetrics(enabled=False).for_model(name, version)
+        policy = _policy_kind(settings.batch_policy, stateful=settings.sequences is not None)
         self.queue: BatchQueue[Job] = BatchQueue(
             settings.batch_size,
             settings.max_batch_delay,
             settings.queue_capacity,
-            policy=make_policy(settings.batch_policy, settings.latency_objective_ms),
+            policy=policy.make(settings.batch_policy_options),
             on_dispatch=self.metrics.batch_released,
             priority_of=lambda job: job.priority,
         )
@@ -146,7 +157,7 @@ class ModelRunner:
                 settings.sequences,
                 settings.batch_size,
                 settings.max_batch_delay,
-                wait_for_more=settings.batch_policy == "fixed_window",
+                wait_for_more=policy.sequences_wait,
             )
         )
         self.dispatcher = Dispatcher(
@@ -178,13 +189,15 @@ class ModelRunner:
         """Why a load on demand is not tried now (``Residency.refusal``: the last load
         failed a moment ago), or None."""
 
-    def set_batch_policy(self, name: str, latency_objective_ms: float | None) -> None:
-        """Batch with policy ``name`` from now on (``ValueError`` for an unknown one)."""
-        self.queue.set_policy(make_policy(name, latency_objective_ms))
+    def set_batch_policy(self, name: str, options: Mapping[str, Any]) -> None:
+        """Batch with policy ``name`` and its ``options`` from now on (``ValueError`` for
+        an unknown one, or one a stateful model cannot use)."""
+        policy = _policy_kind(name, stateful=self.sequences is not None)
+        self.queue.set_policy(policy.make(options))
         if self.sequences is not None:
-            self.sequences.wait_for_more = name == "fixed_window"
+            self.sequences.wait_for_more = policy.sequences_wait
         self.settings = dataclasses.replace(
-            self.settings, batch_policy=name, latency_objective_ms=latency_objective_ms
+            self.settings, batch_policy=name, batch_policy_options=dict(options)
         )
 
     def set_torch_threads(self, threads: int) -> None:

@@ -110,7 +110,7 @@ def runner_settings(
         startup_timeout=startup_timeout(config, requested_startup_timeout),
         queue_capacity=config.job_queue_size or settings.job_queue_size,
         batch_policy=config.batch_policy or "adaptive",
-        latency_objective_ms=config.latency_objective_ms,
+        batch_policy_options=config.batch_policy_options,
         client_timeout_ms=config.client_timeout_ms,
         deadline_action=config.deadline_action or "reject",
         stream_timeout=settings.stream_timeout or None,

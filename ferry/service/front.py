@@ -7,7 +7,8 @@ Nothing here knows a transport, or how a worker runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ferry.config.settings import ServerSettings
 from ferry.errors import (
@@ -259,9 +260,9 @@ class FerryService:
         return await self.models.scale(name, version, min_worker, max_worker, synchronous)
 
     def set_batch_policy(
-        self, name: str, version: str | None, policy: str, latency_objective_ms: float | None
+        self, name: str, version: str | None, policy: str, options: Mapping[str, Any]
     ) -> ModelRef:
-        return self.models.set_batch_policy(name, version, policy, latency_objective_ms)
+        return self.models.set_batch_policy(name, version, policy, options)
 
     def set_default(self, name: str, version: str) -> None:
         self.models.set_default(name, version)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -335,13 +335,14 @@ class ModelLifecycle:
         return Registration(ref, len(entry.runner.slots), ready=synchronous)
 
     def set_batch_policy(
-        self, name: str, version: str | None, policy: str, latency_objective_ms: float | None
+        self, name: str, version: str | None, policy: str, options: Mapping[str, Any]
     ) -> ModelRef:
-        """Switch the model version's batch policy; queued requests stay and are batched by
-        the new one (``InvalidRequest`` for an unknown policy)."""
+        """Switch the model version's batch policy, with its options by model-config.yaml
+        key; queued requests stay and are batched by the new one (``InvalidRequest`` for an
+        unknown policy, or one a stateful model cannot use)."""
         entry = self.registry.get(name, version)
         try:
-            entry.runner.set_batch_policy(policy, latency_objective_ms)
+            entry.runner.set_batch_policy(policy, options)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         self.snapshot_changed()

@@ -28,7 +28,8 @@ import logging
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ class VersionSnapshot:
     response_timeout: float
     batch_policy: str = "adaptive"
     """Set through the management API (``PUT /models/M?batch_policy=``) or model-config."""
-    latency_objective_ms: float | None = None
+    batch_policy_options: Mapping[str, Any] = field(default_factory=dict)
+    """The policy's options, by model-config.yaml key (``latencyObjectiveMs``)."""
     load_on_demand: bool = False
     """Loaded on demand: restored registered, not resident (``minWorkers``: its workers
     once loaded)."""
@@ -100,7 +102,7 @@ def snapshot_of(registry: ModelRegistry, model_store: Path | None) -> ServerSnap
                 max_batch_delay_ms=runner.settings.max_batch_delay * 1000,
                 response_timeout=runner.settings.response_timeout,
                 batch_policy=runner.settings.batch_policy,
-                latency_objective_ms=runner.settings.latency_objective_ms,
+                batch_policy_options=runner.settings.batch_policy_options,
                 load_on_demand=runner.settings.load_on_demand,
             )
         )
@@ -119,8 +121,8 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
     ``NAME=SOURCE`` per version) and TorchServe's ``models`` JSON."""
     models: dict[str, dict[str, dict[str, Any]]] = {}
     for v in state.versions:
-        # batchPolicy and latencyObjectiveMs are Ferry's keys: TorchServe reading such a
-        # file ignores them, Ferry applies them as it does model-config.yaml's.
+        # batchPolicy and its options (latencyObjectiveMs) are Ferry's keys: TorchServe
+        # reading such a file ignores them, Ferry applies them as model-config.yaml's.
         keys: dict[str, Any] = {
             "defaultVersion": v.is_default,
             "marName": v.source,
@@ -130,9 +132,8 @@ def to_properties(state: ServerSnapshot) -> dict[str, str]:
             "maxBatchDelay": v.max_batch_delay_ms,
             "responseTimeout": v.response_timeout,
             "batchPolicy": v.batch_policy,
+            **v.batch_policy_options,
         }
-        if v.latency_objective_ms is not None:
-            keys["latencyObjectiveMs"] = v.latency_objective_ms
         if v.load_on_demand:
             keys["loadOnDemand"] = True
         models.setdefault(v.model, {})[v.version] = keys

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.errors import Overloaded
-from ferry.scheduling.assembler import BatchAssembler
-from ferry.scheduling.batch_policy import (
+from ferry.batching.policies import (
     AdaptivePolicy,
     CostModel,
     FixedWindowPolicy,
     ImmediatePolicy,
     QueueState,
     RecentRate,
-    make_policy,
 )
+from ferry.batching.registry import make_policy
+from ferry.errors import Overloaded
+from ferry.scheduling.assembler import BatchAssembler
 
 COSTS = CostModel()
 """What ``_state`` hands policies; ``_learned`` fills it."""

@@ -78,7 +78,8 @@ def test_a_shutdown_snapshot_is_the_latest_and_counts_in_the_rotation(tmp_path: 
 
 def test_snapshot_is_a_config_properties_with_torchserve_models_json(tmp_path: Path) -> None:
     switched = _version(version="2.0", is_default=False, batch_policy="immediate")
-    state = _state(tmp_path, _version(latency_objective_ms=80.0), switched)
+    objective = _version(batch_policy_options={"latencyObjectiveMs": 80.0})
+    state = _state(tmp_path, objective, switched)
     values = read_properties(write_snapshot(tmp_path / "config", state))
     assert values["model_store"] == str(tmp_path / "store")
     assert values["load_models"] == "digest=digest-1.0.mar,digest=digest-2.0.mar"

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ferry.batching.registry import BATCH_POLICIES
 from ferry.bench.commands.arguments import duration_ms, floats
 
 HELP: str = "how far a server is from the model's limit: bounds, and an ideal dispatcher"
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-policy",
-        choices=["adaptive", "immediate", "fixed_window"],
+        choices=BATCH_POLICIES.names(),
         help="the started Ferry server's batch policy (default: the archive's)",
     )
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate")

@@ -2,7 +2,7 @@
 
 A model's queue asks its policy whenever a worker is free (``decide``) and tells it what
 happens (``arrived``, ``batch_timed``). Three policies, chosen per model
-(``batchPolicy`` in model-config.yaml):
+(``batchPolicy`` in model-config.yaml) by name from ``ferry.batching.registry``:
 
 ``adaptive`` (the default)
     Work-conserving unless waiting pays. With q requests queued and arrivals at rate λ
@@ -30,7 +30,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-POLICIES = ("adaptive", "immediate", "fixed_window")
 RATE_WINDOW = 1.0
 """Seconds of arrivals the adaptive policy's rate counts: a burst is forgotten within it."""
 RECENT_ARRIVALS = 3
@@ -258,20 +257,7 @@ def _smallest_sustainable(costs: CostModel, queued: int, batch_size: int, rate: 
     return batch_size
 
 
-def make_policy(name: str, latency_objective_ms: float | None = None) -> BatchPolicy:
-    """The policy called ``name`` (one of ``POLICIES``)."""
-    if name == "immediate":
-        return ImmediatePolicy()
-    if name == "fixed_window":
-        return FixedWindowPolicy()
-    if name == "adaptive":
-        objective = None if latency_objective_ms is None else latency_objective_ms / 1000
-        return AdaptivePolicy(objective)
-    raise ValueError(f"unknown batch policy {name!r}; one of {', '.join(POLICIES)}")
-
-
 __all__ = [
-    "POLICIES",
     "AdaptivePolicy",
     "BatchPolicy",
     "CostModel",
@@ -280,5 +266,4 @@ __all__ = [
     "ImmediatePolicy",
     "QueueState",
     "RecentRate",
-    "make_policy",
 ]
