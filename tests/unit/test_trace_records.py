@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 
 from ferry.errors import ConfigError
-from ferry.tracing import otlp_wire, records
+from ferry.tracing import records
 from ferry.tracing.otel import otel_tracing, readable_span
 from ferry.tracing.otlp_wire import RequestEncoder
 from ferry.tracing.records import (
@@ -196,7 +196,7 @@ def test_records_encode_as_the_spans_they_hold(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(records, "new_span_id", counting())
     spans = spans_of(RECORDS)
-    monkeypatch.setattr(otlp_wire, "new_span_id", counting())  # the same ids, in turn
+    monkeypatch.setattr(records, "new_span_id", counting())  # the same ids, in turn
     encoder = RequestEncoder({"service.name": "ferry"})
     assert encoder.encode_records(RECORDS) == encoder.encode(spans)
     parsed = ExportTraceServiceRequest.FromString(encoder.encode_records(RECORDS))
