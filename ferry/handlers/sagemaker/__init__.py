@@ -3,5 +3,9 @@ built-in handler ``sagemaker_pytorch``: a model's ``code/inference.py`` function
 toolkit's defaults (docs/sagemaker.md).
 
 ``codecs``: the default JSON / CSV / NPY formats; ``functions``: which functions serve a
-model; ``defaults``: PyTorch's default functions; ``handler``: ``SageMakerHandler``.
+model; ``defaults``: PyTorch's default functions; ``batching``: several requests through
+one ``predict_fn`` call; ``handler``: ``SageMakerHandler``; ``toolkit`` and
+``toolkit_handlers``: what ``sagemaker_inference`` and
+``sagemaker_pytorch_serving_container`` give an ``inference.py`` (their import shims are
+under ``ferry/_compat``).
 """
