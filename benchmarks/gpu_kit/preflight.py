@@ -33,6 +33,7 @@ PART_MODULES = (
     "benchmarks.gpu_fault_load",
     "benchmarks.gpu_many_models",
     "benchmarks.gpu_pt2",
+    "benchmarks.gpu_share",
 )
 """What the parts import (and, through them, everything Ferry's server imports)."""
 DEVICE_MODULES = ("torch", "numpy", "PIL", "yaml", "msgpack", "httpx", "aiohttp", "uvloop")
