@@ -254,20 +254,21 @@ class ModelRunner:
     def footprint(self) -> dict[str, int]:
         """What its workers measured at their load: host memory, and each GPU's. Weights
         its workers map from one file (``ferry.handlers.builtin.shared_weights``) count
-        once, however many map them."""
+        once, however many map them; so does a weights keeper's copy, on its GPU."""
         total: dict[str, int] = {}
-        shared: dict[str, int] = {}
+        shared: dict[tuple[str, str], int] = {}
         for slot in self.slots:
             if slot.worker is None:
                 continue
             info = slot.worker.info
             total[HOST] = total.get(HOST, 0) + info.footprint_bytes
             if info.shared_weights_key:
-                shared[info.shared_weights_key] = info.shared_weights_bytes
+                place = info.device if info.shared_weights_on_gpu else HOST
+                shared[(place, info.shared_weights_key)] = info.shared_weights_bytes
             if info.gpu_bytes:
                 total[info.device] = total.get(info.device, 0) + info.gpu_bytes
-        if shared:
-            total[HOST] = total.get(HOST, 0) + sum(shared.values())
+        for (place, _), size in shared.items():
+            total[place] = total.get(place, 0) + size
         return total
 
     async def load(self) -> None:

@@ -246,3 +246,28 @@ def test_weights_its_workers_map_from_one_file_count_once_in_its_footprint() -> 
         await runner.stop()
 
     run(scenario)
+
+
+def test_a_weights_keepers_copy_counts_once_on_its_gpu() -> None:
+    async def scenario() -> None:
+        factory = FakeFactory()
+        runner = managed(Residency({}), on_demand_runner(factory, workers=3))
+        job = make_job(b"a")
+        runner.submit(job)
+        await outcomes([job])
+        await until(lambda: len(factory.started) == 3)
+        for worker in factory.started:  # each imported the keeper's 400 bytes on its GPU
+            key = "keeper:cuda:/w/weights.pt"
+            worker.measured = WorkerInfo(
+                worker.pid, "cuda:0", 10, 5, shared_weights_bytes=400, shared_weights_key=key
+            )
+        assert runner.footprint() == {HOST: 3 * 10, "cuda:0": 3 * 5 + 400}
+        for worker in factory.started:  # the CPU stand-in's copy is in host memory
+            key = "keeper:cpu:/w/weights.pt"
+            worker.measured = WorkerInfo(
+                worker.pid, "cpu", 10, shared_weights_bytes=400, shared_weights_key=key
+            )
+        assert runner.footprint() == {HOST: 3 * 10 + 400}
+        await runner.stop()
+
+    run(scenario)
