@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.handlers.builtin.shared_weights import mapped_weights
+from ferry.handlers.builtin.shared_weights import KEPT_PREFIX, mapped_weights
 
 
 def _gpu_allocated() -> int:
@@ -26,17 +26,25 @@ def _gpu_allocated() -> int:
     return int(torch.cuda.memory_allocated())
 
 
+def resident_pages(status: Path = Path("/proc/self/status")) -> tuple[int, int]:
+    """This process's anonymous and shared-memory resident bytes (``RssAnon``,
+    ``RssShmem``); zeros when they cannot be read."""
+    anon = shmem = 0
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith("RssShmem:"):
+                shmem = int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+    return anon, shmem
+
+
 def own_resident_bytes(status: Path = Path("/proc/self/status")) -> int:
     """This process's anonymous and shared-memory resident pages (``RssAnon`` +
     ``RssShmem``): its resident memory less the files it maps (libraries, weights)."""
-    total = 0
-    try:
-        for line in status.read_text().splitlines():
-            if line.startswith(("RssAnon:", "RssShmem:")):
-                total += int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        return 0
-    return total
+    return sum(resident_pages(status))
 
 
 @dataclass(frozen=True)
@@ -51,14 +59,20 @@ class Footprint:
 class FootprintMeter:
     """``FootprintMeter()`` before the load, ``.measured()`` after it."""
 
-    def __init__(self) -> None:
-        self._own = own_resident_bytes()
+    def __init__(self, status: Path = Path("/proc/self/status")) -> None:
+        self._status = status
+        self._anon, self._shmem = resident_pages(status)
         self._gpu = _gpu_allocated()
         self._mapped = {weights.path for weights in mapped_weights()}
 
     def measured(self) -> Footprint:
-        own = own_resident_bytes() - self._own
+        """What the load added. A CPU weights keeper's copy (shared memory) is the
+        keeper's: the shared-memory pages the load touched count as this process's only
+        beyond its size."""
         mapped = [weights for weights in mapped_weights() if weights.path not in self._mapped]
+        kept = sum(w.size for w in mapped if w.path.startswith(f"{KEPT_PREFIX}cpu:"))
+        anon, shmem = resident_pages(self._status)
+        own = (anon - self._anon) + max(0, shmem - self._shmem - kept)
         return Footprint(
             max(0, own),
             max(0, _gpu_allocated() - self._gpu),

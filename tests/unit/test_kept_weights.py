@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ferry.handlers.builtin import kept_weights
 from ferry.handlers.builtin.kept_weights import KeeperClient, KeeperError
+from ferry.handlers.builtin.shared_weights import (
+    MappedWeights,
+    eager_on_mapped_weights,
+    sharing_weights,
+)
 from ferry.handlers.builtin.tensor_export import (
     ALIGN,
     CUDA_HANDLE_FIELDS,
@@ -25,6 +31,8 @@ from ferry.handlers.builtin.tensor_export import (
     pack,
     views,
 )
+from ferry.worker import footprint
+from ferry.worker.footprint import FootprintMeter, resident_pages
 from ferry.worker.weights_keeper import WeightsKeeper, accept_workers
 
 
@@ -139,3 +147,49 @@ def test_exporters_by_device_type() -> None:
 def test_a_cuda_handle_of_the_wrong_shape_is_refused_before_cuda_is_touched() -> None:
     with pytest.raises(ValueError, match=f"{CUDA_HANDLE_FIELDS} fields"):
         CudaExporter(torch.device("cuda", 0)).import_flat([0, b"handle"], [])
+
+
+def test_a_worker_loads_an_eager_model_onto_the_keepers_copy_and_counts_it_apart(
+    keeper: str, tmp_path: Path
+) -> None:
+    (tmp_path / "work").mkdir()
+    weights = tmp_path / "state_dict.pt"  # beside the work folder: the server's own file
+    torch.save({"weight": _state()["weight"], "bias": torch.zeros(7)}, weights)
+    kept_weights.use_keeper(keeper, "cpu")
+    try:
+        meter = FootprintMeter()
+        with sharing_weights(tmp_path / "work"):
+            model = eager_on_mapped_weights(
+                lambda: torch.nn.Linear(5, 7), weights, torch.device("cpu")
+            )
+        measured = meter.measured()
+        assert isinstance(model, torch.nn.Linear)
+        assert torch.equal(model.weight, _state()["weight"])
+        assert measured.shared_key == f"keeper:cpu:{weights.resolve()}"
+        assert measured.shared_bytes == pack({"weight": model.weight, "bias": model.bias})[1]
+        assert kept_weights.written_weights() is None
+        with torch.no_grad():
+            model.bias.add_(1)  # in place, into the keeper's copy
+        assert kept_weights.written_weights() == str(weights)
+    finally:
+        client = kept_weights.keeper()
+        if client is not None:
+            client.close()
+        kept_weights.use_keeper("", "cpu")
+
+
+def test_shared_memory_pages_of_a_keepers_copy_are_not_the_workers_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status = tmp_path / "status"
+    status.write_text("RssAnon:\t100 kB\nRssShmem:\t0 kB\n")
+    meter = FootprintMeter(status)
+    status.write_text("RssAnon:\t300 kB\nRssShmem:\t900 kB\n")
+    assert resident_pages(status) == (300 * 1024, 900 * 1024)
+    assert meter.measured().resident_bytes == (200 + 900) * 1024  # no copy imported
+    kept = MappedWeights("keeper:cpu:/work/weights.pt", 800 * 1024)
+    monkeypatch.setattr(footprint, "mapped_weights", lambda: [kept])
+    assert meter.measured().resident_bytes == (200 + 100) * 1024  # the copy is the keeper's
+    on_gpu = MappedWeights("keeper:cuda:/work/weights.pt", 800 * 1024)
+    monkeypatch.setattr(footprint, "mapped_weights", lambda: [on_gpu])
+    assert meter.measured().resident_bytes == (200 + 900) * 1024  # not in this memory

@@ -70,6 +70,7 @@ class MappedWeights:
     """A weights file this process maps, for the footprint: counted once per model."""
 
     path: str
+    """The file's path, or ``keeper:KIND:PATH`` for a weights keeper's copy of it."""
     size: int
 
 
