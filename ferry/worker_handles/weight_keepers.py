@@ -84,15 +84,9 @@ class WeightKeepers:
         self._spawn = spawn or spawn_keeper
         self._keepers: dict[KeeperKey, _Keeper] = {}
 
-    def pids(self) -> list[int]:
-        """The keepers' processes now (for tests and describe's neighbours)."""
-        return [
-            keeper.starting.result().pid or 0
-            for keeper in self._keepers.values()
-            if keeper.starting.done() and not keeper.starting.exception()
-        ]
-
-    async def start(self, spec: WorkerSpec, start_worker: WorkerFactory, timeout: float) -> Any:
+    async def start(
+        self, spec: WorkerSpec, start_worker: WorkerFactory, timeout: float
+    ) -> WorkerHandle:
         """Start a worker of ``spec`` on its keeper (started first if it has none)."""
         keeper = self._hold(spec)
         try:
@@ -185,8 +179,7 @@ def keeping_weights(start_worker: WorkerFactory, keepers: WeightKeepers) -> Work
     async def start(spec: WorkerSpec, timeout: float) -> WorkerHandle:
         if not spec.compile_cache or not keeps_weights(spec.model_yaml_config, spec.gpu_id):
             return await start_worker(spec, timeout)
-        worker: WorkerHandle = await keepers.start(spec, start_worker, timeout)
-        return worker
+        return await keepers.start(spec, start_worker, timeout)
 
     return start
 

@@ -17,6 +17,8 @@ from ferry.config.sections import keeps_weights, parse_optimization
 from ferry.errors import ModelConfigError
 from ferry.wire.messages import BatchResult, PartialResult, PredictBatch
 from ferry.wire.spec import WorkerSpec
+from ferry.worker import weights_keeper
+from ferry.worker_handles import weight_keepers
 from ferry.worker_handles.handle import (
     StartFailure,
     WorkerHandle,
@@ -286,3 +288,7 @@ def test_which_workers_have_a_keeper(
     optimization: dict[str, Any], gpu: int | None, kept: bool
 ) -> None:
     assert keeps_weights({"optimization": optimization}, gpu) is kept
+
+
+def test_the_frontend_waits_for_the_byte_the_keeper_sends() -> None:
+    assert weight_keepers.LISTENING == weights_keeper.LISTENING
