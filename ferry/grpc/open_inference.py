@@ -38,7 +38,7 @@ from ferry.grpc.generated import ferry_open_inference_pb2 as pb
 from ferry.grpc.generated import ferry_open_inference_pb2_grpc as pb_grpc
 from ferry.protocols import v2
 from ferry.service import FerryService
-from ferry.service.types import InputPart, TensorSpec
+from ferry.service.types import InputPart, PredictionRequest, TensorSpec
 
 SERVICE = "inference.GRPCInferenceService"
 V2_ENVELOPE = "kservev2"
@@ -158,20 +158,19 @@ class OpenInference(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
         model, version = request.model_name, request.model_version or None
-        self._service.admit(model, version)  # NOT_FOUND / UNAVAILABLE before decoding
+        admission = self._service.admit(model, version)  # NOT_FOUND / UNAVAILABLE first
         parsed = infer_request(request, self._service.settings.tensor_element_limit)
         payload, payload_type = parsed.worker_payload()
         headers = {**request_headers(context), "content-type": "application/json"}
         part = InputPart("body", payload_type, payload)
-        answer = await self._service.predict(
-            model, version, [part], headers, on_hang_up(context), envelope=V2_ENVELOPE
-        )
+        prediction = PredictionRequest([part], headers, on_hang_up(context), envelope=V2_ENVELOPE)
+        answer = await self._service.predict(admission, prediction)
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
         except ValueError as exc:
             raise InvalidInput(f"the handler's answer is not a V2 response: {exc}") from exc
         tensors = codec.output_tensors(v2.select_outputs(outputs, parsed.outputs))
-        ref = self._service.resolve(model, version)
+        ref = admission.model
         return pb.ModelInferResponse(
             model_name=ref.name,
             model_version=ref.version,

@@ -28,15 +28,15 @@ from grpc import StatusCode, aio
 
 from ferry.apis import Apis
 from ferry.echo import capped_message
-from ferry.errors import ClientGone, FerryError, InvalidRequest
+from ferry.errors import FerryError, InvalidRequest
 from ferry.grpc.calls import on_hang_up, request_headers
 from ferry.grpc.errors import PREDICTION_CODES, error_code
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as pb_grpc
 from ferry.handlers.contract.context import SEQUENCE_END_HEADER, SEQUENCE_ID_HEADER
 from ferry.service import FerryService
-from ferry.service.pending import PendingPrediction
-from ferry.service.types import InputPart, Prediction, PredictionPart
+from ferry.service.stream import AnswerStream, Failed, is_last
+from ferry.service.types import InputPart, PredictionRequest
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"
@@ -59,34 +59,26 @@ class _SequenceAnswer:
     """What one ``StreamPredictions2`` message is answered with: the parts its handler
     streams, then its answer or error, in the order they come."""
 
-    def __init__(self, sequence_id: str) -> None:
+    def __init__(self, sequence_id: str, max_pending_bytes: int) -> None:
         self.sequence_id = sequence_id
-        self.events: asyncio.Queue[PredictionPart | Prediction | FerryError] = asyncio.Queue()
+        self.stream = AnswerStream(max_pending_bytes)
 
     def fail(self, error: FerryError) -> _SequenceAnswer:
-        self.events.put_nowait(error)
+        self.stream.fail(error)
         return self
-
-    def settle(self, pending: PendingPrediction) -> None:
-        """Put the request's last answer (or error) after its parts, once it is done."""
-        try:
-            self.events.put_nowait(pending.result())
-        except FerryError as error:
-            self.events.put_nowait(error)
-        except asyncio.CancelledError:
-            self.events.put_nowait(ClientGone("the call was cancelled"))
 
     async def responses(self) -> AsyncIterator[pb.PredictionResponse]:
         while True:
-            event = await self.events.get()
-            if isinstance(event, FerryError):
-                code = error_code(event, PREDICTION_CODES).value[0]
+            event = await self.stream.next()
+            if isinstance(event, Failed):
+                code = error_code(event.error, PREDICTION_CODES).value[0]
                 response = pb.PredictionResponse(sequence_id=self.sequence_id)
-                response.status.code, response.status.message = code, capped_message(event.message)
+                message = capped_message(event.error.message)
+                response.status.code, response.status.message = code, message
                 yield response
                 return
             yield pb.PredictionResponse(prediction=event.body, sequence_id=self.sequence_id)
-            if isinstance(event, Prediction):
+            if is_last(event):
                 return
 
 
@@ -104,13 +96,11 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
     ) -> pb.PredictionResponse:
         model, version = await self._model(request, context)
         try:
-            answer = await self._service.predict(
-                model,
-                version,
-                request_parts(request),
-                request_headers(context),
-                on_hang_up(context),
+            admission = self._service.admit(model, version)
+            prediction = PredictionRequest(
+                request_parts(request), request_headers(context), on_hang_up(context)
             )
+            answer = await self._service.predict(admission, prediction)
         except FerryError as error:
             await _fail(context, error)
         return pb.PredictionResponse(prediction=answer.body)
@@ -119,35 +109,29 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
         self, request: pb.PredictionsRequest, context: Context
     ) -> AsyncIterator[pb.PredictionResponse]:
         model, version = await self._model(request, context)
-        events: asyncio.Queue[PredictionPart | Prediction | FerryError] = asyncio.Queue()
-
-        async def predict() -> None:
-            try:
-                answer = await self._service.predict(
-                    model,
-                    version,
-                    request_parts(request),
-                    request_headers(context),
-                    on_hang_up(context),
-                    events.put_nowait,
-                )
-            except FerryError as error:
-                events.put_nowait(error)
-            else:
-                events.put_nowait(answer)
-
-        task = asyncio.ensure_future(predict())
+        stream = AnswerStream(self._service.settings.max_response_size)
+        try:
+            admission = self._service.admit(model, version)
+            prediction = PredictionRequest(
+                request_parts(request),
+                request_headers(context),
+                on_hang_up(context),
+                stream.on_part,
+            )
+            pending = self._service.submit(admission, prediction)
+        except FerryError as error:
+            await _fail(context, error)
+        stream.watch(pending)
         try:
             while True:
-                event = await events.get()
-                if isinstance(event, FerryError):
-                    await _fail(context, event)
+                event = await stream.next()
+                if isinstance(event, Failed):
+                    await _fail(context, event.error)
                 yield pb.PredictionResponse(prediction=event.body)
-                if isinstance(event, Prediction):
+                if is_last(event):
                     return
         finally:
-            if not task.done():  # the client went away: its job is failed by the hang-up
-                task.cancel()
+            pending.cancel()  # done already, or the client went away: stop waiting
 
     async def StreamPredictions2(
         self, request_iterator: AsyncIterator[pb.PredictionsRequest], context: Context
@@ -185,7 +169,7 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
     ) -> _SequenceAnswer:
         """Queue one message of a sequence: its ``sequence_id``, else the stream's."""
         sequence = request.sequence_id or sequence
-        answer = _SequenceAnswer(sequence)
+        answer = _SequenceAnswer(sequence, self._service.settings.max_response_size)
         if not request.model_name:
             return answer.fail(InvalidRequest("Parameter model_name is required."))
         headers = request_headers(context)
@@ -194,18 +178,15 @@ class TorchServeInference(pb_grpc.InferenceAPIsServiceServicer):
         if request.input.get(SEQUENCE_END_HEADER, b"").strip().lower() == b"true":
             headers[SEQUENCE_END_HEADER] = "true"
         try:
-            pending = self._service.submit(
-                request.model_name,
-                request.model_version or None,
-                request_parts(request),
-                headers,
-                on_hang_up(context),
-                answer.events.put_nowait,
+            admission = self._service.admit(request.model_name, request.model_version or None)
+            prediction = PredictionRequest(
+                request_parts(request), headers, on_hang_up(context), answer.stream.on_part
             )
+            pending = self._service.submit(admission, prediction)
         except FerryError as error:
             return answer.fail(error)
         answer.sequence_id = pending.sequence_id or sequence
-        pending.future.add_done_callback(lambda _: answer.settle(pending))
+        answer.stream.watch(pending)
         return answer
 
     async def _model(

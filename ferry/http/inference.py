@@ -35,7 +35,7 @@ from ferry.http.workflows import workflow_inference_routes
 from ferry.log_escape import escape_control
 from ferry.logs import access_lines
 from ferry.service import FerryService
-from ferry.service.types import Prediction
+from ferry.service.types import Prediction, PredictionRequest
 from ferry.workflows.manager import WorkflowManager
 
 access = logging.getLogger("ferry.access")
@@ -178,18 +178,14 @@ def _prediction_answer(service: FerryService, record: StatusRecorder, limit: int
         answer: Prediction | None = None
         try:
             # 404 and 503 before reading the body: refusing a flood must stay cheap.
-            version = service.admit(model, version).version
+            admission = service.admit(model, version)
+            version = admission.version
             parts = await read_parts(request, limit)
             headers = dict(request.headers.items())  # ASGI header names are lower case
+            hang_up = on_hang_up(request.scope)
             response, events = await prediction_response(
                 lambda on_part: service.submit(
-                    model,
-                    version,
-                    parts,
-                    headers,
-                    on_hang_up(request.scope),
-                    on_part,
-                    explain=explain,
+                    admission, PredictionRequest(parts, headers, hang_up, on_part, explain)
                 ),
                 service.settings.max_response_size,
             )

@@ -29,7 +29,7 @@ from ferry.http.hang_up import on_hang_up
 from ferry.http.request_body import read_limited
 from ferry.protocols import untrusted_json, v2
 from ferry.service import FerryService
-from ferry.service.types import InputPart, Prediction, TensorSpec
+from ferry.service.types import Admission, InputPart, Prediction, PredictionRequest, TensorSpec
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -159,18 +159,18 @@ class _OpenInferenceV2:
     async def _answer(self, request: Request, *, explain: bool) -> Response:
         service = self.service
         model = request.path_params["model"]
-        service.admit(model, _version(request))  # 404 / 503 before reading the body
+        admission = service.admit(model, _version(request))  # 404 / 503 before the body
         body = await read_limited(request, self.limit, "max_request_size")
         parsed = v2.parse_request(
             body, request.headers.get(v2.BINARY_HEADER), service.settings.tensor_element_limit
         )
-        answer = await self._predict(request, model, *parsed.worker_payload(), explain=explain)
+        answer = await self._predict(request, admission, *parsed.worker_payload(), explain=explain)
         try:
             outputs, answer_id = v2.outputs_from_answer(answer.body, answer.content_type)
         except ValueError as exc:
             raise InvalidInput(f"the handler's answer is not a V2 response: {exc}") from exc
         outputs = v2.select_outputs(outputs, parsed.outputs)
-        ref = service.resolve(model, _version(request))
+        ref = admission.model
         content, header_length = v2.encode_response(
             ref.name, ref.version, parsed, outputs, answer_id
         )
@@ -181,17 +181,22 @@ class _OpenInferenceV2:
         return Response(content, headers=headers, media_type="application/octet-stream")
 
     async def _predict(
-        self, request: Request, model: str, body: bytes, body_type: str, *, explain: bool
+        self,
+        request: Request,
+        admission: Admission,
+        body: bytes,
+        body_type: str,
+        *,
+        explain: bool,
     ) -> Prediction:
-        service = self.service
-        version = service.admit(model, _version(request)).version
         headers = {k.lower(): v for k, v in request.headers.items()}
         headers["content-type"] = "application/json"  # what the handler's document is
         part = InputPart("body", body_type, body)
         hang_up = on_hang_up(request.scope)
-        return await service.predict(
-            model, version, [part], headers, hang_up, explain=explain, envelope=V2_ENVELOPE
+        prediction = PredictionRequest(
+            [part], headers, hang_up, explain=explain, envelope=V2_ENVELOPE
         )
+        return await self.service.predict(admission, prediction)
 
 
 class _KServeV1:
@@ -219,15 +224,16 @@ class _KServeV1:
         if verb not in ("predict", "explain") or not model:
             return Response(v2.error_document("expected :predict or :explain"), 404)
         service = self.service
-        service.admit(model)
+        admission = service.admit(model)
         body = await read_limited(request, self.limit, "max_request_size")
         _check_instances(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
         part = InputPart("body", "application/json", body)
         hang_up, explain = on_hang_up(request.scope), verb == "explain"
-        answer = await service.predict(
-            model, None, [part], headers, hang_up, explain=explain, envelope=V1_ENVELOPE
+        prediction = PredictionRequest(
+            [part], headers, hang_up, explain=explain, envelope=V1_ENVELOPE
         )
+        answer = await service.predict(admission, prediction)
         return Response(
             _v1_answer(answer, "explanations" if verb == "explain" else "predictions"),
             status_code=answer.status,

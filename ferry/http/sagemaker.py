@@ -29,7 +29,7 @@ from ferry.http.request_body import read_limited
 from ferry.http.streaming import prediction_response
 from ferry.service import FerryService
 from ferry.service.status import ModelStatus
-from ferry.service.types import InputPart, Prediction
+from ferry.service.types import InputPart, Prediction, PredictionRequest
 
 SAGEMAKER_PATHS = ("/invocations", "/execution-parameters")
 """The paths whose model is ``invoked_model``'s choice, not named in the path."""
@@ -124,12 +124,14 @@ def invocation_endpoint(
         answer: Prediction | None = None
         try:
             model = choose(request)
-            version = service.admit(model).version  # 404 and 503 before reading the body
+            admission = service.admit(model)  # 404 and 503 before reading the body
+            version = admission.version
             parts = [InputPart("body", UNDECODED, await read_limited(request, limit))]
             headers = dict(request.headers.items())  # ASGI header names are lower case
+            hang_up = on_hang_up(request.scope)
             response, events = await prediction_response(
                 lambda on_part: service.submit(
-                    model, version, parts, headers, on_hang_up(request.scope), on_part
+                    admission, PredictionRequest(parts, headers, hang_up, on_part)
                 ),
                 service.settings.max_response_size,
             )

@@ -182,6 +182,8 @@ class ModelRunner:
         )
         self.max_workers = max(settings.max_workers, settings.workers)
         self.label = f"{name} v{version}"
+        self.stopped = False
+        """Set by ``stop``: it takes no request any more."""
         self.demand: Callable[[str], None] | None = None
         """Told of every request by its label (``Residency.wanted``), when residency
         manages the model."""
@@ -324,6 +326,7 @@ class ModelRunner:
 
     async def stop(self) -> None:
         """Stop every worker and answer whatever is still queued."""
+        self.stopped = True
         await self.pool.stop()
         self.dispatcher.fail_queued(NoWorkerAvailable(f"model {self.name} is shutting down"))
 
@@ -333,6 +336,8 @@ class ModelRunner:
         """Raise now what ``submit`` would raise for a request arriving now (``Overloaded``
         or ``NoWorkerAvailable``): transports call it before reading a body, so a flood of
         requests the model cannot take costs as little as possible."""
+        if self.stopped:  # unregistered (or the server stops) since the request was admitted
+            raise NoWorkerAvailable(f"model {self.name} version {self.version} is no longer served")
         if self._loads_on_demand() and self.load_refused is not None:
             refusal = self.load_refused(self.label)
             if refusal is not None:

@@ -7,7 +7,7 @@ Nothing here knows a transport, or how a worker runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ferry.config.settings import ServerSettings
@@ -31,22 +31,20 @@ from ferry.service.pending import PendingPrediction
 from ferry.service.requests import RequestIds, deadline_budget, request_priority
 from ferry.service.status import ModelStatus
 from ferry.service.types import (
+    Admission,
     Health,
-    InputPart,
     ModelMetadata,
     ModelPage,
     ModelRef,
     OnPredictionPart,
     Prediction,
+    PredictionRequest,
     Readiness,
     RegisterRequest,
     Registration,
 )
 from ferry.tracing import NO_TRACING, Tracing
 from ferry.worker_handles.handle import WorkerFactory
-
-OnHangUp = Callable[[Callable[[], None]], None]
-"""Registers a callback the transport calls if the client goes away before its answer."""
 
 
 class FerryService:
@@ -90,61 +88,44 @@ class FerryService:
         entry = self.registry.get(model, version)
         return ModelRef(entry.archive.name, entry.archive.version)
 
-    def admit(self, model: str, version: str | None = None) -> ModelRef:
-        """``resolve``, then refuse at once (``Overloaded``, ``NoWorkerAvailable``) a request
-        the model cannot take now — before a transport reads its body."""
+    def admit(self, model: str, version: str | None = None) -> Admission:
+        """The request's ticket: its model version looked up (``ModelNotFound``) and checked
+        able to take it now (``Overloaded``, ``NoWorkerAvailable``), before a transport
+        reads its body. ``submit`` and ``predict`` take it."""
         entry = self.registry.get(model, version)
         entry.runner.check_admission()
-        return ModelRef(entry.archive.name, entry.archive.version)
+        return Admission(ModelRef(entry.archive.name, entry.archive.version), entry.runner)
 
-    async def predict(
-        self,
-        model: str,
-        version: str | None,
-        parts: list[InputPart],
-        headers: dict[str, str],
-        on_hang_up: OnHangUp | None = None,
-        on_part: OnPredictionPart | None = None,
-        *,
-        explain: bool = False,
-        envelope: str = "",
-    ) -> Prediction:
+    async def predict(self, admission: Admission, request: PredictionRequest) -> Prediction:
         """Queue a request and await its answer (``submit``, then its result)."""
-        pending = self.submit(
-            model, version, parts, headers, on_hang_up, on_part, explain=explain, envelope=envelope
-        )
+        pending = self.submit(admission, request)
         with contextlib.suppress(FerryError):  # result() raises it
             await pending.future  # cancelling the caller cancels the request
         return pending.result()
 
-    def submit(
-        self,
-        model: str,
-        version: str | None,
-        parts: list[InputPart],
-        headers: dict[str, str],
-        on_hang_up: OnHangUp | None = None,
-        on_part: OnPredictionPart | None = None,
-        *,
-        explain: bool = False,
-        envelope: str = "",
-    ) -> PendingPrediction:
-        """Queue a request, answered when the returned prediction's future is done.
-        ``on_hang_up``: where the transport says its client went (answered ``ClientGone``).
-        Streamed parts go to ``on_part``, or are joined before the last. ``explain``:
-        TorchServe's ``explain: True``, alone in a batch (handlers read its first request).
-        ``envelope``: the request envelope its protocol is read with (KServe's routes)."""
-        runner = self._runner(model, version)
+    def submit(self, admission: Admission, request: PredictionRequest) -> PendingPrediction:
+        """Queue an admitted request, answered when the returned prediction's future is
+        done. The runner checks admission again as it queues it: the queue may have filled,
+        or the model lost its workers, while the transport read the body."""
+        runner, headers = admission.runner, request.headers
         budget = runner.client_budget(deadline_budget(headers))  # bad headers: before the id
         priority = request_priority(headers)
         request_id = self._request_ids.choose(headers.get("x-request-id", ""))
         trace = self.tracing.request(runner.name, runner.version, request_id, headers)
-        headers = {**headers, "explain": "True"} if explain else headers
+        headers = {**headers, "explain": "True"} if request.explain else headers
         joined: list[bytes] = []
-        sink, limit = self._part_sink(on_part, joined), self.settings.max_response_size
+        limit = self.settings.max_response_size
+        sink = request.on_part or _joined_within(joined, limit)
         try:
             job = runner.enqueue(
-                request_id, headers, parts, sink, priority, budget, alone=explain, envelope=envelope
+                request_id,
+                headers,
+                request.parts,
+                sink,
+                priority,
+                budget,
+                alone=request.explain,
+                envelope=request.envelope,
             )
         except BaseException as error:
             self._request_ids.release(request_id)
@@ -153,23 +134,9 @@ class FerryService:
             raise
         job.trace = trace  # before the dispatcher, which runs after this returns, sees it
         pending = PendingPrediction(job, joined, limit, runner.metrics, self._request_ids.release)
-        if on_hang_up is not None:
-            on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
+        if request.on_hang_up is not None:
+            request.on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))
         return pending
-
-    def _part_sink(self, on_part: OnPredictionPart | None, joined: list[bytes]) -> OnPredictionPart:
-        """Where a request's streamed parts go: the transport, or ``joined`` (bounded by
-        ``max_response_size``; past it the request fails)."""
-        if on_part is not None:
-            return on_part
-        limit = self.settings.max_response_size
-
-        def join(part: PredictionPart) -> None:
-            joined.append(part.body)
-            if sum(len(body) for body in joined) > limit:
-                raise ResponseTooLarge(f"streamed response exceeds max_response_size {limit} bytes")
-
-        return join
 
     async def customized_metadata(self, name: str, version: str | None) -> bytes:
         """What the handler's ``describe_handle`` returns, as TorchServe's describe API with
@@ -306,4 +273,19 @@ class FerryService:
         await self.models.close()
 
 
-__all__ = ["FerryService", "OnHangUp"]
+def _joined_within(joined: list[bytes], limit: int) -> OnPredictionPart:
+    """Where the streamed parts of a request whose transport cannot stream go: ``joined``,
+    answered with the last part; past ``limit`` bytes the request fails."""
+    size = 0
+
+    def join(part: PredictionPart) -> None:
+        nonlocal size
+        joined.append(part.body)
+        size += len(part.body)
+        if size > limit:
+            raise ResponseTooLarge(f"streamed response exceeds max_response_size {limit} bytes")
+
+    return join
+
+
+__all__ = ["FerryService"]

@@ -10,11 +10,16 @@ what a job's future and its stream hold (``ferry.scheduling.jobs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ferry.scheduling.jobs import InputPart, OnPredictionPart, Prediction, PredictionPart
+from ferry.scheduling.model_runner import ModelRunner
 from ferry.service.status import ModelStatus
+
+OnHangUp = Callable[[Callable[[], None]], None]
+"""Registers a callback the transport calls if the client goes away before its answer."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,38 @@ class ModelRef:
 
     name: str
     version: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A model version found and able to take a request now (``FerryService.admit``): the
+    ticket ``submit`` and ``predict`` take, so a request looks its model up once. Taken
+    before a transport reads the body, so a refusal (404, 503) costs no read."""
+
+    model: ModelRef
+    runner: ModelRunner = field(repr=False, compare=False)
+    """The service's own: transports hand the ticket back whole."""
+
+    @property
+    def version(self) -> str:
+        return self.model.version
+
+
+@dataclass(frozen=True)
+class PredictionRequest:
+    """One prediction, as every transport hands it to the service."""
+
+    parts: list[InputPart]
+    headers: dict[str, str]
+    """Lower-case names (HTTP's, gRPC metadata's)."""
+    on_hang_up: OnHangUp | None = None
+    """Where the transport says its client went (the request is answered ``ClientGone``)."""
+    on_part: OnPredictionPart | None = None
+    """Where streamed parts go; without it they are joined before the answer."""
+    explain: bool = False
+    """TorchServe's ``explain: True``, alone in its batch (handlers read its first request)."""
+    envelope: str = ""
+    """The request envelope its protocol is read with (KServe's routes)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +165,7 @@ class ModelOperations(Protocol):
 
 
 __all__ = [
+    "Admission",
     "Health",
     "InputPart",
     "ModelMetadata",
@@ -135,6 +173,7 @@ __all__ = [
     "ModelPage",
     "ModelRef",
     "ModelStatus",
+    "OnHangUp",
     "OnPredictionPart",
     "Prediction",
     "PredictionPart",

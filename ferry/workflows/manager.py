@@ -27,7 +27,7 @@ from ferry.errors import (
     WorkflowRegistrationFailed,
 )
 from ferry.service import FerryService
-from ferry.service.types import InputPart, page_of
+from ferry.service.types import InputPart, PredictionRequest, page_of
 from ferry.store.archive import ModelArchive
 from ferry.store.manifest import Manifest
 from ferry.store.remote import WORKFLOW_SUFFIXES, fetch_archive, is_remote
@@ -223,7 +223,8 @@ class WorkflowManager:
 
         async def predict_node(node: str, inputs: list[InputPart], sent: dict[str, str]) -> bytes:
             model = internal_name(workflow.name, node)
-            answer = await self.service.predict(model, None, inputs, sent)
+            admission = self.service.admit(model)
+            answer = await self.service.predict(admission, PredictionRequest(inputs, sent))
             return answer.body
 
         # One trace across the nodes: each node's request is a child of the workflow's span.

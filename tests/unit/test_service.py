@@ -18,7 +18,14 @@ from ferry.errors import ModelLoadFailed, ModelNotFound, NoWorkerAvailable
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
 from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService, startup
-from ferry.service.types import Health, InputPart, ModelRef, Prediction, RegisterRequest
+from ferry.service.types import (
+    Health,
+    InputPart,
+    ModelRef,
+    Prediction,
+    PredictionRequest,
+    RegisterRequest,
+)
 from ferry.store.archive import open_model
 from ferry.wire.environment import USER_AFFINITY
 from ferry.wire.spec import WorkerSpec
@@ -149,7 +156,7 @@ def test_a_misspelt_model_name_is_answered_with_the_close_one(store: Path) -> No
         ):
             service.resolve("godo")
         with pytest.raises(ModelNotFound, match=r"^Model not found: elsewhere$"):
-            await service.predict("elsewhere", None, [InputPart("body", "text/plain", b"")], {})
+            service.admit("elsewhere")
         await service.close()
 
     run(scenario)
@@ -162,7 +169,8 @@ def test_predict_speaks_the_services_own_types(store: Path) -> None:
         assert service.resolve("good") == ModelRef("good", "1.0")
         with pytest.raises(ModelNotFound):
             service.resolve("missing")
-        answer = await service.predict("good", None, [InputPart("body", "text/plain", b"hi")], {})
+        request = PredictionRequest([InputPart("body", "text/plain", b"hi")], {})
+        answer = await service.predict(service.admit("good"), request)
         assert isinstance(answer, Prediction) and answer.body == b"hi"
         await service.close()
 
@@ -175,7 +183,7 @@ def test_a_model_that_gave_up_answers_503_with_its_load_error(store: Path) -> No
         await service.load_startup_models()
         await settle(service, "bad")
         with pytest.raises(NoWorkerAvailable, match="last load error: RuntimeError: bad cannot"):
-            await service.predict("bad", None, [InputPart("body", "text/plain", b"x")], {})
+            service.admit("bad")
         await service.close()
 
     run(scenario)

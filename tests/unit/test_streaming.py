@@ -212,11 +212,11 @@ def test_each_part_restarts_the_response_timeout() -> None:
 
 def test_parts_a_slow_client_has_not_read_are_bounded() -> None:
     from ferry.errors import ResponseTooLarge
-    from ferry.http.streaming import PredictionEvents
+    from ferry.service.stream import AnswerStream
     from ferry.service.types import PredictionPart
 
     async def scenario() -> None:
-        events = PredictionEvents(max_pending_bytes=10)
+        events = AnswerStream(max_pending_bytes=10)
         events.on_part(PredictionPart(b"123456", "text/plain", 200, "r"))
         with pytest.raises(ResponseTooLarge, match="fell behind the stream by over 10 bytes"):
             events.on_part(PredictionPart(b"12345", "text/plain", 200, "r"))

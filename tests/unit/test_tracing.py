@@ -24,7 +24,7 @@ from ferry.config.settings import ServerSettings
 from ferry.config.sources import load_settings
 from ferry.errors import ConfigError
 from ferry.service import FerryService
-from ferry.service.types import InputPart, Prediction
+from ferry.service.types import InputPart, Prediction, PredictionRequest
 from ferry.tracing import NO_TRACING, tracing_for
 from ferry.tracing.otel import exporter_from_environment, otel_tracing
 from ferry.tracing.recorder import BoundedExport, Recorder
@@ -100,7 +100,10 @@ async def _predict_together(
     """``count`` requests submitted before the dispatcher runs: one batch. Their answers,
     or the errors they failed with."""
     pendings = [
-        service.submit("digest", None, [InputPart("body", "text/plain", b"%d" % i)], headers)
+        service.submit(
+            service.admit("digest"),
+            PredictionRequest([InputPart("body", "text/plain", b"%d" % i)], headers),
+        )
         for i in range(count)
     ]
     await asyncio.wait([p.future for p in pendings], timeout=BOUND)
@@ -447,10 +450,11 @@ class _NodeService:
         self.tracing = tracing
         self.sent: dict[str, dict[str, str]] = {}
 
-    async def predict(
-        self, model: str, version: str | None, parts: list[Any], headers: dict[str, str]
-    ) -> Prediction:
-        self.sent[model] = headers
+    def admit(self, model: str) -> str:
+        return model  # the ticket, as predict gets it back
+
+    async def predict(self, model: str, request: PredictionRequest) -> Prediction:
+        self.sent[model] = request.headers
         return Prediction(b"{}", "application/json")
 
 

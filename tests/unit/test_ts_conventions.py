@@ -33,7 +33,7 @@ from ferry.scheduling.model_runner import RunnerSettings
 from ferry.scheduling.sizing import Machine, runner_settings
 from ferry.service import FerryService
 from ferry.service.requests import MAX_REQUEST_ID, RequestIds
-from ferry.service.types import InputPart
+from ferry.service.types import InputPart, PredictionRequest
 from ferry.store.archive import open_model
 from ferry.wire.spec import WorkerSpec
 from tests.fixtures.fake_worker import Behaviour, FakeWorker
@@ -122,12 +122,16 @@ def test_predict_runs_under_the_clients_request_id_or_a_generated_one(store: Pat
         service = _service(store, models=("good=good.mar",))
         await service.load_startup_models()
         part = [InputPart("body", "text/plain", b"hi")]
-        answer = await service.predict("good", None, part, {"x-request-id": "trace-42"})
+        answer = await service.predict(
+            service.admit("good"), PredictionRequest(part, {"x-request-id": "trace-42"})
+        )
         assert answer.request_id == "trace-42" and answer.body == b"hi"
-        generated = await service.predict("good", None, part, {})
+        generated = await service.predict(service.admit("good"), PredictionRequest(part, {}))
         assert generated.request_id.startswith("r")
-        for unusable in ("", "x" * (MAX_REQUEST_ID + 1), "has space", "caf\u00e9", "r7"):
-            answer = await service.predict("good", None, part, {"x-request-id": unusable})
+        for unusable in ("", "x" * (MAX_REQUEST_ID + 1), "has space", "caf\u00e9", "r" + "9" * 20):
+            answer = await service.predict(
+                service.admit("good"), PredictionRequest(part, {"x-request-id": unusable})
+            )
             assert answer.request_id != unusable and answer.request_id.startswith("r")
         assert not service._request_ids._in_flight  # released once answered
         await service.close()
