@@ -179,6 +179,7 @@ class ModelRunner:
             recycle=settings.recycle,
             events=_RunnerEvents(self),
             backoff=backoff,
+            serve_out_when_scaled_to_none=not settings.load_on_demand,
         )
         self.max_workers = max(settings.max_workers, settings.workers)
         self.label = f"{name} v{version}"

@@ -138,8 +138,13 @@ class WorkerPool:
         recycle: RecyclePolicy | None = None,
         events: PoolEvents | None = None,
         backoff: Callable[[], Backoff] = Backoff,
+        serve_out_when_scaled_to_none: bool = True,
     ) -> None:
         self.label = label
+        self._serve_out = serve_out_when_scaled_to_none
+        """Retired workers serve the queue out when no slot is kept. Off for a model loaded
+        on demand: it still admits requests with no slot (they bring a load), so a queue
+        it serves out might never end, and an eviction with it."""
         self.slots: list[WorkerSlot] = []
         self._spec_for = spec_for
         self._start_worker = start_worker
@@ -245,8 +250,12 @@ class WorkerPool:
 
     def _none_kept(self) -> bool:
         """True when every slot is retired (scaled to 0) and the pool is not being stopped
-        (``stop`` answers what is queued itself): retired workers serve the queue out."""
+        (``stop`` answers what is queued itself)."""
         return not self.slots and not self._stopping
+
+    def _serves_out(self) -> bool:
+        """Whether retired workers serve the queue out before they stop."""
+        return self._serve_out and self._none_kept()
 
     def _no_worker_left(self, besides: WorkerSlot) -> bool:
         """True when no slot will serve any more: none kept, none retiring but ``besides``."""
@@ -277,7 +286,7 @@ class WorkerPool:
         # A shared process's memory is its models' together: no one model's to recycle for.
         check = self._recycle.check_for(None if info.shared else info.pid)
         end = await self._dispatcher.serve(
-            worker, slot.retire, on_busy, check, last_out=self._none_kept
+            worker, slot.retire, on_busy, check, last_out=self._serves_out
         )
         if end is ServeEnd.RECYCLE:
             slot.recycles += 1

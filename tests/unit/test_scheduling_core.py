@@ -655,3 +655,33 @@ def test_requests_queued_for_a_worker_retired_while_loading_are_answered() -> No
         await runner.stop()
 
     run(scenario)
+
+
+def test_a_model_loaded_on_demand_is_not_served_out_when_evicted_but_loads_again() -> None:
+    """An on-demand model admits requests with no worker (they bring a load), so a retired
+    worker serving its queue out might never stop, nor its eviction end: it stops after the
+    batch in hand, and what is still queued asks for a load."""
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.ECHO)
+        runner = runner_with(factory, batch_size=1, workers=1, load_on_demand=True)
+        wanted: list[str] = []
+        runner.demand = wanted.append
+        await runner.load()
+        worker = factory.started[0]
+        worker.gate = asyncio.Event()
+        jobs = [make_job(f"{i}".encode()) for i in range(4)]
+        for job in jobs:
+            runner.submit(job)
+        await wait_until(lambda: bool(worker.batches))
+        wanted.clear()
+        eviction = asyncio.ensure_future(runner.scale(0, 1, wait=True))
+        await wait_until(lambda: runner.slots == [])
+        worker.gate.set()
+        await eviction
+        answered = [job for job in jobs if job.future.done()]
+        assert len(answered) == len(worker.batches) < len(jobs)  # only what it held
+        assert wanted == ["m v1.0"]  # the rest brings a load
+        await runner.stop()
+
+    run(scenario)
