@@ -10,12 +10,19 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from ferry.handlers.builtin import kept_weights
-from ferry.handlers.builtin.kept_weights import KeeperClient, KeeperError
+from ferry.handlers.builtin.kept_weights import (
+    KEEPER_PROTOCOL,
+    KeeperClient,
+    KeeperError,
+    receive_frame,
+    send_frame,
+)
 from ferry.handlers.builtin.shared_weights import (
     MappedWeights,
     eager_on_mapped_weights,
@@ -193,3 +200,44 @@ def test_shared_memory_pages_of_a_keepers_copy_are_not_the_workers_own(
     on_gpu = MappedWeights("keeper:cuda:/work/weights.pt", 800 * 1024)
     monkeypatch.setattr(footprint, "mapped_weights", lambda: [on_gpu])
     assert meter.measured().resident_bytes == (200 + 900) * 1024  # not in this memory
+
+
+class _StorageSharedByCuda:
+    """What ``_share_cuda_`` answers on a GPU, in its types (bytes handles, a flag)."""
+
+    FIELDS = (0, b"\x01ipc-handle", 4096, 512, b"/torch_refcount", 7, b"\x02event", True)
+
+    def _share_cuda_(self) -> tuple[Any, ...]:
+        return self.FIELDS
+
+
+class _FlatOnGpu:
+    device = torch.device("cuda", 0)
+
+    def untyped_storage(self) -> _StorageSharedByCuda:
+        return _StorageSharedByCuda()
+
+
+def test_a_cuda_handle_reaches_the_importer_field_for_field_through_a_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA exporter's handle, sent as the keeper sends it, is what torch's importer
+    is given; a CPU storage stands in for the GPU memory it would map."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    imported: list[tuple[Any, ...]] = []
+
+    def new_shared_cuda(*fields: Any) -> torch.UntypedStorage:
+        imported.append(fields)
+        return torch.UntypedStorage(fields[2])  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared_cuda", new_shared_cuda, raising=False)
+    exporter = CudaExporter(torch.device("cuda", 0))
+    handle, fds = exporter.export(_FlatOnGpu())  # type: ignore[arg-type]
+    keeper_end, worker_end = socket.socketpair()
+    with keeper_end, worker_end:
+        send_frame(keeper_end, [KEEPER_PROTOCOL, "shared", "cuda", handle, []], fds)
+        answer, received = receive_frame(worker_end)
+    flat = exporter.import_flat(answer[3], received)
+    assert imported == [_StorageSharedByCuda.FIELDS]
+    assert flat.dtype == torch.uint8 and flat.numel() == 4096

@@ -154,8 +154,7 @@ class CudaExporter:
             )
         torch.cuda.init()  # type: ignore[no-untyped-call]
         storage = torch.UntypedStorage._new_shared_cuda(*handle)
-        device = torch.device("cuda", int(handle[0]))
-        return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def exporter_for(kind: str, device: torch.device | None = None) -> TensorExporter:
