@@ -12,8 +12,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ferry.capacity.sizing import Machine
 from ferry.config.settings import ServerSettings
-from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService
 from ferry.tracing import tracing_for
 from ferry.wire.environment import USER_AFFINITY, user_pins_threads

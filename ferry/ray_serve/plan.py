@@ -20,7 +20,7 @@ from typing import Any
 
 from ferry.config.model_config import ModelConfig
 from ferry.errors import ModelConfigError
-from ferry.scheduling.sizing import startup_timeout
+from ferry.scheduling.runner_settings import startup_timeout
 
 _PLAIN = re.compile(r"^[A-Za-z0-9._~-]+$")
 RAY_KEYS = ("num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests")

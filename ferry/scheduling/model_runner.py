@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.batching.registry import BATCH_POLICIES, PolicyKind
+from ferry.capacity.budgets import HOST
+from ferry.capacity.placement import worker_gpu
 from ferry.errors import ModelLoadFailed, NoWorkerAvailable, Overloaded
 from ferry.handlers.contract.context import SEQUENCE_ID_HEADER
 from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
-from ferry.scheduling.placement import worker_gpu
 from ferry.scheduling.pool import (
     Backoff,
     PoolEvents,
@@ -26,7 +27,6 @@ from ferry.scheduling.pool import (
     WorkerPool,
     WorkerSlot,
 )
-from ferry.scheduling.residency import HOST
 from ferry.scheduling.sequences import (
     SequenceBook,
     SequenceSettings,

@@ -21,9 +21,9 @@ would start and crash a worker process per request): 2 s after the first failure
 doubling with each failure in a row up to a minute; the next request after that tries
 again, and a load that succeeds forgets the failures.
 
-The policy (``choose_evictions``) is a pure function; ``Residency`` applies it to the
-models (``OnDemandModel``: a ``ModelRunner`` in the server, fakes in tests) with a clock
-it is given.
+The policy (``ferry.capacity.budgets``: the budgets, what fits, what to evict) is pure;
+``Residency`` applies it to the models (``OnDemandModel``: a ``ModelRunner`` in the
+server, fakes in tests) with a clock it is given.
 """
 
 from __future__ import annotations
@@ -31,22 +31,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ferry.capacity.budgets import Candidate, Footprint, choose_evictions, fits, larger
 
 log = logging.getLogger("ferry.scheduling")
 
 
 class ModelGone(Exception):
     """The model was unregistered while a caller waited for it to load."""
-
-
-HOST = "host"
-"""The budget and footprint key of host memory; GPUs are ``cuda:N``."""
-
-Footprint = Mapping[str, int]
-"""Bytes per device (``HOST``, ``cuda:0`` ...)."""
 
 
 class OnDemandModel(Protocol):
@@ -82,57 +77,6 @@ class ResidencyEvents:
 
     def over_budget(self, label: str) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A resident model the policy may evict."""
-
-    label: str
-    footprint: Footprint
-    last_used: float
-
-
-def fits(used: Footprint, needed: Footprint, budgets: Footprint) -> bool:
-    """``needed`` beside ``used`` stays within every budget (a device without one: no
-    limit)."""
-    return all(
-        used.get(device, 0) + needed.get(device, 0) <= limit for device, limit in budgets.items()
-    )
-
-
-def choose_evictions(
-    needed: Footprint, used: Footprint, candidates: Iterable[Candidate], budgets: Footprint
-) -> tuple[list[Candidate], bool]:
-    """The candidates to evict, least recently used first, so that ``needed`` fits beside
-    what ``used`` keeps; and whether it then fits (False: even evicting every candidate
-    that frees a device over its budget is not enough, and those are evicted all the same).
-    Only candidates holding memory on a device over its budget are taken.
-
-    >>> a, b = Candidate("a", {"host": 4}, 2.0), Candidate("b", {"host": 4}, 1.0)
-    >>> [c.label for c in choose_evictions({"host": 4}, {"host": 8}, [a, b], {"host": 10})[0]]
-    ['b']
-    """
-    remaining = dict(used)
-    chosen: list[Candidate] = []
-    for candidate in sorted(candidates, key=lambda c: c.last_used):
-        if fits(remaining, needed, budgets):
-            break
-        over = [d for d, limit in budgets.items() if remaining.get(d, 0) + needed.get(d, 0) > limit]
-        if not any(candidate.footprint.get(device, 0) for device in over):
-            continue
-        chosen.append(candidate)
-        for device, size in candidate.footprint.items():
-            remaining[device] = remaining.get(device, 0) - size
-    return chosen, fits(remaining, needed, budgets)
-
-
-def _larger(first: Footprint, second: Footprint) -> dict[str, int]:
-    """Per device, the larger of two footprints. A load's measurement only grows what a
-    model is taken to need: a load into memory a neighbour just freed barely moves the
-    process's resident size, so one measurement can be far below what the model holds
-    (its weights file stands in below every measurement)."""
-    return {d: max(first.get(d, 0), second.get(d, 0)) for d in {*first, *second}}
 
 
 class LoadState:
@@ -224,7 +168,7 @@ class Residency:
         measured footprint while resident, else what it is expected to take."""
         total: dict[str, int] = {}
         for entry in self._entries.values():
-            for device, size in _larger(entry.expected, entry.model.footprint()).items():
+            for device, size in larger(entry.expected, entry.model.footprint()).items():
                 total[device] = total.get(device, 0) + size
         return total
 
@@ -251,7 +195,7 @@ class Residency:
     def _held(self, entry: _Entry) -> Footprint:
         if entry.state == LoadState.LOADING:
             return entry.expected  # not measured yet: what it is expected to take
-        return _larger(entry.expected, entry.model.footprint()) if entry.model.resident() else {}
+        return larger(entry.expected, entry.model.footprint()) if entry.model.resident() else {}
 
     # --- requests -----------------------------------------------------------------------
 
@@ -349,7 +293,7 @@ class Residency:
                 self._failed(entry, error)
                 raise
             entry.failures = 0
-            entry.expected = _larger(entry.expected, model.footprint())
+            entry.expected = larger(entry.expected, model.footprint())
             seconds = self._clock() - started
             self._events.loaded(model.label, seconds, entry.expected)
             log.info("%s loaded on demand in %.2f s", model.label, seconds)
@@ -385,7 +329,7 @@ class Residency:
             return True
         label = keep.model.label
         candidates = [
-            Candidate(key, _larger(entry.expected, entry.model.footprint()), entry.last_used)
+            Candidate(key, larger(entry.expected, entry.model.footprint()), entry.last_used)
             for key, entry in self._entries.items()
             if key != label and self._evictable(entry)
         ]

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from ferry.capacity.sizing import Machine
 from ferry.config.settings import ServerSettings
 from ferry.errors import (
     ClientGone,
@@ -24,7 +25,6 @@ from ferry.scheduling.jobs import PredictionPart, next_request_id
 from ferry.scheduling.model_runner import ModelRunner
 from ferry.scheduling.registry import ModelRegistry
 from ferry.scheduling.residency import ModelGone
-from ferry.scheduling.sizing import Machine
 from ferry.service import queries
 from ferry.service.lifecycle import ModelLifecycle
 from ferry.service.pending import PendingPrediction

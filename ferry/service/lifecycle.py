@@ -1,5 +1,5 @@
 """Model versions coming and going: start-up models, registration, scaling, removal, and
-the snapshot written after each change. Sizing is planned by ``ferry.scheduling.sizing``;
+the snapshot written after each change. Sizing is planned by ``ferry.capacity``;
 the GPU the next model starts on is kept here."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from ferry.capacity import sizing
+from ferry.capacity.budgets import estimated_footprint, memory_budgets
+from ferry.capacity.placement import gpu_memory_refusal, least_committed_gpu, model_gpus
 from ferry.config.settings import ServerSettings, available_cores
 from ferry.errors import (
     ConfigError,
@@ -20,10 +23,9 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
-from ferry.scheduling import sizing
-from ferry.scheduling.placement import gpu_memory_refusal, least_committed_gpu, model_gpus
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
-from ferry.scheduling.residency import HOST, Residency, ResidencyEvents
+from ferry.scheduling.residency import Residency, ResidencyEvents
+from ferry.scheduling.runner_settings import runner_settings
 from ferry.service.archives import Archives, as_registered
 from ferry.service.snapshots import snapshot_folder, snapshot_of, write_snapshot
 from ferry.service.startup import (
@@ -33,7 +35,6 @@ from ferry.service.startup import (
 from ferry.service.types import ModelRef, RegisterRequest, Registration
 from ferry.store.archive import ModelArchive
 from ferry.store.remote import removed_if_fails, removed_on_failure
-from ferry.store.sagemaker_layout import WEIGHT_SUFFIXES
 from ferry.store.workdir import open_work_dir
 from ferry.worker_handles.handle import WorkerFactory
 
@@ -97,7 +98,7 @@ class ModelLifecycle:
         self.residency.add(
             runner,
             on_demand=runner.settings.load_on_demand,
-            estimate=_estimated_footprint(archive, runner.settings.gpu_ids),
+            estimate=estimated_footprint(archive, runner.settings.gpu_ids),
         )
         runner.demand = self.residency.wanted
         runner.load_refused = self.residency.refusal
@@ -129,7 +130,7 @@ class ModelLifecycle:
         group = sizing.process_group_for(
             config, policy, self._process_uses(), label, workers, self._worker_limit(), gpu_ids
         )
-        settings = sizing.runner_settings(
+        settings = runner_settings(
             config,
             self.settings,
             machine,
@@ -386,33 +387,6 @@ def _log_started(entry: ModelVersion) -> None:
         runner.settings.max_batch_delay * 1000,
         runner.settings.torch_threads,
     )
-
-
-def memory_budgets(settings: ServerSettings, gpus: int) -> dict[str, int]:
-    """The residency budgets in bytes: host memory, and each GPU's (none unset)."""
-    budgets: dict[str, int] = {}
-    if settings.model_memory_budget_mb:
-        budgets[HOST] = settings.model_memory_budget_mb << 20
-    if settings.gpu_memory_budget_mb:
-        for gpu in range(gpus):
-            budgets[f"cuda:{gpu}"] = settings.gpu_memory_budget_mb << 20
-    return budgets
-
-
-def _estimated_footprint(archive: ModelArchive, gpu_ids: tuple[int, ...]) -> dict[str, int]:
-    """Before its first load, a model is expected to take its weights file's size, on the
-    host (and on the GPU its first worker runs on). Without a serialized file (SageMaker's
-    layout: ``model_fn`` reads what it likes), the weight files at the top of its folder."""
-    serialized = archive.manifest.serialized_file
-    if serialized:
-        weights = [archive.model_dir / serialized]
-    else:
-        weights = [p for p in archive.model_dir.glob("*") if p.suffix in WEIGHT_SUFFIXES]
-    size = sum(path.stat().st_size for path in weights if path.is_file())
-    estimate = {HOST: size}
-    if gpu_ids:
-        estimate[f"cuda:{gpu_ids[0]}"] = size
-    return estimate
 
 
 class _Budget(ResidencyEvents):

@@ -28,8 +28,8 @@ from ferry.config.sections import (
 )
 from ferry.errors import ArchiveError, ConfigError, ModelConfigError
 from ferry.handlers.builtin.optimize import DTYPES, Optimizations
+from ferry.scheduling.runner_settings import sequence_settings
 from ferry.scheduling.sequences import SequenceSettings
-from ferry.scheduling.sizing import sequence_settings
 from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, check_spec
 from ferry.worker.pipeline import PipelineSettings

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ferry import procinfo
+from ferry.capacity.sizing import Machine
 from ferry.config.settings import ServerSettings
 from ferry.errors import InsufficientMemory, ModelAlreadyExists, ModelLoadFailed
-from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService, multi_model
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerInfo

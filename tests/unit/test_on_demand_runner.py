@@ -9,11 +9,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ferry.capacity.budgets import HOST
 from ferry.errors import NoWorkerAvailable
 from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.pool import Backoff
-from ferry.scheduling.residency import HOST, LoadState, Residency
+from ferry.scheduling.residency import LoadState, Residency
 from ferry.worker_handles.handle import WorkerInfo
 from tests.fixtures.fake_worker import FakeFactory, load_error, make_job, outcomes, spec
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from ferry.capacity.placement import model_gpus, worker_gpu
 from ferry.errors import ConfigError
-from ferry.scheduling.placement import model_gpus, worker_gpu
 
 
 def test_models_continue_the_round_robin_where_the_last_one_stopped() -> None:

@@ -20,6 +20,7 @@ from ferry.batching.registry import (
     PolicyOption,
 )
 from ferry.bench.commands import limit
+from ferry.capacity.sizing import Machine
 from ferry.config.model_config import apply_overrides, parse_model_config
 from ferry.config.settings import ServerSettings
 from ferry.errors import InvalidRequest, ModelConfigError
@@ -27,8 +28,8 @@ from ferry.http.management import _policy_options
 from ferry.http.openapi import management_description
 from ferry.http.params import Params
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.runner_settings import runner_settings
 from ferry.scheduling.sequences import SequenceSettings
-from ferry.scheduling.sizing import Machine, runner_settings
 from ferry.service.snapshots import ServerSnapshot, VersionSnapshot, to_properties
 from tests.fixtures.fake_worker import FakeFactory, spec
 

@@ -1,6 +1,7 @@
-"""Load on demand and LRU eviction under a budget (``ferry.scheduling.residency``), with
-fake models, fake footprints and an injected clock: which model goes, when one loads,
-that concurrent first requests load once, that busy and pinned models stay."""
+"""Load on demand and LRU eviction under a budget (``ferry.scheduling.residency``, its
+policy ``ferry.capacity.budgets``), with fake models, fake footprints and an injected
+clock: which model goes, when one loads, that concurrent first requests load once, that
+busy and pinned models stay."""
 
 from __future__ import annotations
 
@@ -9,16 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from ferry.scheduling.residency import (
-    HOST,
-    Candidate,
-    Footprint,
-    LoadState,
-    Residency,
-    ResidencyEvents,
-    choose_evictions,
-    retry_delay,
-)
+from ferry.capacity.budgets import HOST, Candidate, Footprint, choose_evictions
+from ferry.scheduling.residency import LoadState, Residency, ResidencyEvents, retry_delay
 
 MB = 1 << 20
 

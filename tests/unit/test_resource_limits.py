@@ -20,6 +20,14 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
+from ferry.capacity.sizing import (
+    SHARED_GROUP,
+    WORKER_LIMIT_FIX,
+    ProcessUse,
+    over_worker_limit,
+    process_count,
+    process_group_for,
+)
 from ferry.config.image_limits import ImageLimits
 from ferry.config.model_config import ModelConfig
 from ferry.config.settings import ServerSettings, default_max_workers_total
@@ -28,14 +36,6 @@ from ferry.errors import ArchiveError, ConfigError, InvalidInput, InvalidRequest
 from ferry.handlers.builtin.image_classifier import ImageClassifier
 from ferry.handlers.builtin.vision import ImageTransform
 from ferry.handlers.contract.context import Context
-from ferry.scheduling.sizing import (
-    SHARED_GROUP,
-    WORKER_LIMIT_FIX,
-    ProcessUse,
-    over_worker_limit,
-    process_count,
-    process_group_for,
-)
 from ferry.service import FerryService
 from ferry.service.types import RegisterRequest
 from ferry.store import ArchiveSpec, open_model, write_archive

@@ -13,10 +13,10 @@ from typing import Any, cast
 import pytest
 
 from ferry.apis import pinned_cores
+from ferry.capacity.sizing import Machine
 from ferry.config.settings import ServerSettings
 from ferry.errors import ModelLoadFailed, ModelNotFound, NoWorkerAvailable
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES
-from ferry.scheduling.sizing import Machine
 from ferry.service import FerryService, startup
 from ferry.service.types import (
     Health,

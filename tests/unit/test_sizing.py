@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from ferry.capacity.placement import gpu_memory_refusal
+from ferry.capacity.sizing import Machine, worker_count
 from ferry.config.model_config import ModelConfig
 from ferry.config.sections import OptimizationConfig
 from ferry.config.settings import ServerSettings
-from ferry.scheduling.placement import gpu_memory_refusal
-from ferry.scheduling.sizing import Machine, startup_timeout, worker_count
+from ferry.scheduling.runner_settings import startup_timeout
 
 
 @pytest.mark.parametrize(

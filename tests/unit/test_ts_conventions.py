@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ferry.capacity.sizing import Machine
 from ferry.cli.main import build_parser
 from ferry.cli.serve import settings_from_args
 from ferry.config.model_config import parse_model_config
@@ -30,7 +31,7 @@ from ferry.http.errors import error_response
 from ferry.http.listener import with_cors
 from ferry.protocols.describe import model_json
 from ferry.scheduling.model_runner import RunnerSettings
-from ferry.scheduling.sizing import Machine, runner_settings
+from ferry.scheduling.runner_settings import runner_settings
 from ferry.service import FerryService
 from ferry.service.requests import MAX_REQUEST_ID, RequestIds
 from ferry.service.types import InputPart, PredictionRequest
