@@ -4,27 +4,20 @@ Whatever a worker holds is kept by request id in an ``InFlight`` table until it 
 answered, so no failure can leave a request waiting: when anything goes wrong in an
 exchange — the worker dies, hangs past ``response_timeout``, sends a garbled frame, or
 delivery itself raises — every request the worker held is retried or answered, and
-``serve`` returns for the pool to replace the worker.
-
-Isolating the culprit: a request that was alone in its batch when the worker failed is
-answered with the error at once — it is what killed (or hung) the worker, and retrying it
-would only take down another. When the batch held several requests, each becomes a
-*suspect* and is retried alone, ahead of the queue, so only the poison request fails and
-its batch-mates are answered.
+``serve`` returns for the pool to replace the worker (``ferry.scheduling.retries`` says
+which are retried). What one worker holds is ``ferry.scheduling.lanes``; when its answers
+are due, ``ferry.scheduling.timeouts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
 from ferry.errors import (
     DeadlineExceeded,
@@ -38,7 +31,10 @@ from ferry.errors import (
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
+from ferry.scheduling.lanes import BatchSource, Exchange, InFlight, Lane, RecycleCheck, give_back
+from ferry.scheduling.retries import isolate_or_fail, requeue_unstarted
 from ferry.scheduling.sequences import SequenceBook
+from ferry.scheduling.timeouts import BatchTimeouts
 from ferry.tracing import BatchTrace, trace_batch
 from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
@@ -52,11 +48,6 @@ from ferry.worker_handles.handle import WorkerGone, WorkerHandle
 
 log = logging.getLogger("ferry.scheduling")
 
-MAX_ATTEMPTS = 2
-"""Times a request may be worked on: a batch whose worker failed is retried request by
-request (see above); a request that fails its worker a second time is answered."""
-MAX_RETURNS = 3
-"""Times a request may go back to the queue from a worker that failed before starting it."""
 EXIT_STATUS_WAIT = 5.0
 """Seconds to wait for a dead worker's exit status (it arrives right after its socket closes)."""
 
@@ -82,8 +73,6 @@ class ErrorKind(enum.Enum):
     HANDLER = "handler"
 
 
-RecycleCheck = Callable[[int], str | None]
-"""Given the requests a worker has answered, the reason to replace it now, or None."""
 BusyReport = Callable[[bool], None]
 """Told whether the worker is busy: False as it waits for a batch, True as it gets one."""
 
@@ -117,123 +106,6 @@ def to_outcome(
 _KINDS = {kind.value for kind in ErrorKind}
 
 
-class BatchSource(Protocol):
-    """Where a worker's batches come from: the model's queue (``BatchQueue``), or, for a
-    stateful model, the worker's own sequences (``SequenceLane``)."""
-
-    @property
-    def batch_size(self) -> int: ...
-
-    def __len__(self) -> int: ...
-
-    def take_ready(self) -> list[Job] | None: ...
-
-    async def take_batch(self) -> list[Job]: ...
-
-    def put_front(self, jobs: Iterable[Job]) -> None: ...
-
-
-class InFlight:
-    """The requests handed to one worker and not yet answered.
-
-    Kept by identity, not by request id: a client may choose its request id
-    (``x-request-id``), and a request abandoned on a worker may share it with a newer one;
-    each batch's results are matched against that batch's own requests."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[int, Job] = {}
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def add(self, jobs: Iterable[Job]) -> None:
-        for job in jobs:
-            self._jobs[id(job)] = job
-
-    def holds(self, job: Job) -> bool:
-        return id(job) in self._jobs
-
-    def discard(self, job: Job) -> bool:
-        """Forget ``job``; False if it was not held."""
-        return self._jobs.pop(id(job), None) is not None
-
-    def pop_all(self) -> list[Job]:
-        jobs = list(self._jobs.values())
-        self._jobs.clear()
-        return jobs
-
-
-@dataclass
-class Exchange:
-    """A batch sent to a worker and the moment its answer is due (counted from when the
-    worker can start on it: when it was sent, or when the batch ahead of it came back)."""
-
-    batch: PredictBatch
-    jobs: list[Job]
-    deadline: float
-    started_at: float
-    """When the worker could start on it (TorchServe's WorkerThreadTime counts from here)."""
-    cancelled: list[Job] = field(default_factory=list)
-    """Its requests whose client went away while the worker streamed to them, told to it."""
-    abandoned_at: float | None = None
-    """When the last of its requests lost its client: the worker has ``cancel_grace``
-    from then to stop."""
-    trace: BatchTrace | None = None
-    """Its span, when any of its requests is traced."""
-
-    def abandoned(self) -> bool:
-        return self.abandoned_at is not None
-
-
-@dataclass
-class Lane:
-    """What one worker holds: the batches sent to it, oldest (the one it works on) first,
-    and every request among them by id; and whether it is due to be replaced."""
-
-    source: BatchSource
-    """Where its batches come from."""
-    pending: deque[Exchange] = field(default_factory=deque)
-    held: InFlight = field(default_factory=InFlight)
-    sizes_run: set[int] = field(default_factory=set)
-    """Batch sizes the worker has answered (its first of a size pays one-off costs)."""
-    recycle: RecycleCheck | None = None
-    """Asked, after each batch, whether the worker is due to be replaced."""
-    answered: int = 0
-    """Requests the worker has answered."""
-    recycling: str | None = None
-    """Why the worker is replaced once the batches it holds are answered, if it is."""
-    last_out: Callable[[], bool] = field(default=lambda: False)
-    """Asked once the worker is retired: True while no other worker will serve its model
-    (scaled to 0), so it answers what is still queued before it stops."""
-
-    def note_answered(self, exchange: Exchange) -> None:
-        """Count the batch's requests as answered, and ask ``recycle`` (until it gives a
-        reason) whether the worker is now due to be replaced."""
-        self.answered += len(exchange.jobs)
-        if self.recycle is not None and not self.recycling:
-            self.recycling = self.recycle(self.answered)
-
-    def note_size(self, exchange: Exchange) -> bool:
-        """Note the batch's size as run; True if the worker had run none of that size."""
-        size = len(exchange.jobs)
-        first = size not in self.sizes_run
-        self.sizes_run.add(size)
-        return first
-
-    def started_count(self) -> int:
-        """How many requests of the batch the worker was working on it still holds."""
-        head = self.pending[0].jobs if self.pending else []
-        return sum(1 for job in head if self.held.holds(job))
-
-    def started_and_waiting(self) -> tuple[list[Job], list[Job]]:
-        """The requests of the batch the worker was working on, and all others it held
-        (queued behind it in the worker, or being sent): those never started."""
-        head = self.pending[0].jobs if self.pending else []
-        jobs = self.held.pop_all()
-        started = [job for job in jobs if any(job is h for h in head)]
-        return started, [job for job in jobs if not any(job is h for h in head)]
-
-
 class Dispatcher:
     """Feeds one worker at a time (one ``serve`` call per worker) from the model's queue."""
 
@@ -253,16 +125,12 @@ class Dispatcher:
         self.name = name
         self.sequences = sequences
         """A stateful model's sequences: each worker takes batches from its own."""
-        self.stream_timeout = stream_timeout
-        """Seconds a batch may stream in all, however often it sends parts."""
-        self.cancel_grace = cancel_grace
-        """Seconds a worker has to stop a batch whose clients all went away."""
         self.delay_late = delay_late
         """``deadlineAction: delay``: a request whose batch would miss its deadline goes
         back to the queue, last in line, instead of being answered ``DeadlineExceeded``."""
         self.queue = queue
         self.metrics = metrics
-        self.response_timeout = response_timeout
+        self.timeouts = BatchTimeouts(response_timeout, stream_timeout, cancel_grace, clock)
         self._clock = clock
         self._batch_ids = 0
         self._idle_workers = 0
@@ -315,12 +183,16 @@ class Dispatcher:
             if exchange.trace is not None:
                 exchange.trace.finish([], error)
         started, waiting = lane.started_and_waiting()
-        self._isolate_or_fail(started, error, lone_is_culprit=lone_is_culprit)
-        self._requeue_unstarted(waiting, error, lane.source)
+        retried = isolate_or_fail(started, error, lone_is_culprit, self.suspects)
+        if retried:
+            log.warning(
+                "%s: retrying the %d requests of the failed batch one at a time", self.name, retried
+            )
+        requeue_unstarted(waiting, error, lane.source)
         return ServeEnd.FAILED
 
     def _timed_out(self, worker: WorkerHandle, lane: Lane) -> FerryError:
-        reason = self._overdue(lane.pending[0]) if lane.pending else "timed out"
+        reason = self.timeouts.overdue(lane.pending[0]) if lane.pending else "timed out"
         log.error(
             "%s worker pid %s %s holding %d requests; killing it",
             self.name,
@@ -422,7 +294,7 @@ class Dispatcher:
         current = pending.popleft()
         if pending:
             pending[0].started_at = self._clock()
-            pending[0].deadline = pending[0].started_at + self.response_timeout
+            pending[0].deadline = self.timeouts.due(pending[0].started_at)
         return current
 
     def _batch_to_start_next(self, lane: Lane, retire: asyncio.Event) -> list[Job] | None:
@@ -455,21 +327,6 @@ class Dispatcher:
                 )
         return [job for job in wanted if job not in late]
 
-    def _requeue_unstarted(self, jobs: list[Job], error: FerryError, source: BatchSource) -> None:
-        """Requests a failed worker held but had not started on go back to the queue's
-        front: nothing points at them, so the attempt does not count. ``MAX_RETURNS``
-        bounds how often (workers that never read anything must not bounce them forever)."""
-        waiting = [job for job in jobs if not job.future.done()]
-        for job in waiting:
-            job.attempts -= 1
-            job.returns += 1
-        retry = [job for job in waiting if job.returns <= MAX_RETURNS]
-        for job in waiting:
-            if job not in retry:
-                job.fail(error)
-        if retry:
-            source.put_front(retry)
-
     def _take_ready(self, source: BatchSource) -> list[Job] | None:
         """A batch to send right now, suspects (one at a time) first."""
         return self._still_wanted(self.suspects.take_ready() or source.take_ready() or [], source)
@@ -492,31 +349,15 @@ class Dispatcher:
                 {*takes, worker.exited, retired}, return_when=asyncio.FIRST_COMPLETED
             )
         except asyncio.CancelledError:
-            self._give_back(takes, keep=None)  # taken as we were cancelled: not lost
+            give_back(takes, keep=None)  # taken as we were cancelled: not lost
             raise
         finally:
             self._idle_workers -= 1
             retired.cancel()
         serving = not worker.exited.done() and (retire is None or not retire.is_set())
         chosen = next((take for take in takes if take.done()), None) if serving else None
-        self._give_back(takes, keep=chosen)
+        give_back(takes, keep=chosen)
         return chosen.result() if chosen is not None else None
-
-    @staticmethod
-    def _give_back(takes: dict[asyncio.Future[list[Job]], BatchSource], keep: object) -> None:
-        """Cancel the takes other than ``keep``; jobs any of them took go back to the front
-        of the queue they came from (cancelling take_batch itself takes nothing)."""
-        for take, queue in takes.items():
-            if take is keep:
-                continue
-            if take.done():
-                if not take.cancelled():
-                    queue.put_front(take.result())
-                continue
-            take.cancel()
-            # A take may still finish with a batch (a cancel the coroutine did not see):
-            # what it took goes back rather than be lost with it.
-            take.add_done_callback(functools.partial(_put_back_late, queue))
 
     async def _send(self, worker: WorkerHandle, jobs: list[Job], held: InFlight) -> Exchange:
         self._batch_ids += 1
@@ -530,9 +371,9 @@ class Dispatcher:
             job.attempts += 1
         held.add(jobs)
         self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
-        exchange = Exchange(batch, jobs, now + self.response_timeout, now, trace=trace)
+        exchange = Exchange(batch, jobs, self.timeouts.due(now), now, trace=trace)
         # Bounded like the answer: a worker that stopped reading must not hold us forever.
-        await asyncio.wait_for(worker.send(batch), self._remaining(exchange))
+        await asyncio.wait_for(worker.send(batch), self.timeouts.remaining(exchange))
         return exchange
 
     def _batch_trace(self, worker: WorkerHandle, jobs: list[Job]) -> BatchTrace | None:
@@ -548,7 +389,7 @@ class Dispatcher:
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
         """The batch's result; parts its handler streamed first go to their jobs."""
         while True:
-            message = await asyncio.wait_for(worker.receive(), self._remaining(exchange))
+            message = await asyncio.wait_for(worker.receive(), self.timeouts.remaining(exchange))
             if message.batch_id != exchange.batch.batch_id:
                 raise ProtocolError(
                     f"worker {worker.info.pid} answered batch {message.batch_id}, "
@@ -557,29 +398,9 @@ class Dispatcher:
             if isinstance(message, BatchResult):
                 return message
             self._pass_on(worker, exchange, message)
-            exchange.deadline = self._after_part(exchange)
+            exchange.deadline = self.timeouts.after_part(exchange)
             if self._clock() >= exchange.deadline:
                 raise TimeoutError  # a stream that never pauses is cut off all the same
-
-    def _after_part(self, exchange: Exchange) -> float:
-        """When the batch must end, now that it streamed a part. As TorchServe, each part
-        restarts responseTimeout (a silent stream is still cut off), within
-        ``stream_timeout`` in all; a batch nobody reads keeps its grace's end."""
-        if exchange.abandoned():
-            return exchange.deadline
-        deadline = self._clock() + self.response_timeout
-        if self.stream_timeout is not None:
-            deadline = min(deadline, exchange.started_at + self.stream_timeout)
-        return deadline
-
-    def _overdue(self, exchange: Exchange) -> str:
-        """Why ``exchange`` ran out of time, in words for the log and the error."""
-        if exchange.abandoned():
-            return f"did not stop within {self.cancel_grace:g}s after its clients went away"
-        stream_limit = self.stream_timeout
-        if stream_limit is not None and self._clock() >= exchange.started_at + stream_limit:
-            return f"streamed for longer than stream_timeout {stream_limit:g}s"
-        return f"did not answer within {self.response_timeout:g}s"
 
     def _pass_on(self, worker: WorkerHandle, exchange: Exchange, part: PartialResult) -> None:
         job = next((j for j in exchange.jobs if j.item.request_id == part.request_id), None)
@@ -598,17 +419,13 @@ class Dispatcher:
         exchange.cancelled.append(job)
         worker.cancel(exchange.batch.batch_id, [job.item.request_id])
         if exchange.abandoned_at is None and all(j.future.done() for j in exchange.jobs):
-            exchange.abandoned_at = self._clock()
-            exchange.deadline = min(exchange.deadline, exchange.abandoned_at + self.cancel_grace)
+            self.timeouts.abandon(exchange)
             log.info(
                 "%s worker pid %s: every client of batch %d went away; cancelling it",
                 self.name,
                 worker.info.pid,
                 exchange.batch.batch_id,
             )
-
-    def _remaining(self, exchange: Exchange) -> float:
-        return max(0.0, exchange.deadline - self._clock())
 
     def _deliver(
         self, exchange: Exchange, result: BatchResult, held: InFlight, *, workers_first: bool
@@ -657,34 +474,6 @@ class Dispatcher:
         except TimeoutError:
             return None
 
-    def _isolate_or_fail(
-        self, jobs: list[Job], error: FerryError, *, lone_is_culprit: bool = True
-    ) -> None:
-        """After a worker failed holding ``jobs`` (one batch): a lone request is the culprit
-        and gets ``error``; several are retried one at a time (see the module docstring)."""
-        waiting = [job for job in jobs if not job.future.done()]
-        if (len(jobs) == 1 and lone_is_culprit) or not waiting:
-            for job in waiting:
-                job.fail(error)
-            return
-        # A request that streamed parts is not run again: its client has them already. Nor
-        # is one of a stateful sequence: the state it ran on died with the worker.
-        suspects = [
-            job
-            for job in waiting
-            if job.attempts < MAX_ATTEMPTS and not job.streamed and job.sequence_id is None
-        ]
-        for job in waiting:
-            if job not in suspects:
-                job.fail(error)
-        if suspects:
-            log.warning(
-                "%s: retrying the %d requests of the failed batch one at a time",
-                self.name,
-                len(suspects),
-            )
-            self.suspects.put_front(suspects)
-
     def put_alone(self, job: Job) -> None:
         """Queue ``job`` to run alone in its batch, ahead of the main queue (the lane that
         suspects take)."""
@@ -695,8 +484,3 @@ class Dispatcher:
         sequenced = self.sequences.drain() if self.sequences is not None else []
         for job in [*self.suspects.drain(), *self.queue.drain(), *sequenced]:
             job.fail(error)
-
-
-def _put_back_late(queue: BatchSource, take: asyncio.Future[list[Job]]) -> None:
-    if not take.cancelled() and take.exception() is None and take.result():
-        queue.put_front(take.result())

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ferry.procinfo import resident_bytes
-from ferry.scheduling.dispatcher import Dispatcher, RecycleCheck, ServeEnd
+from ferry.scheduling.dispatcher import Dispatcher, ServeEnd
+from ferry.scheduling.lanes import RecycleCheck
 from ferry.wire.spec import WorkerSpec
 from ferry.worker_handles.handle import WorkerFactory, WorkerHandle, WorkerStartFailed
 

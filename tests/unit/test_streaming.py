@@ -4,6 +4,7 @@ worker's runner and the dispatcher to the request, in order, never run twice."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,7 @@ def test_each_part_restarts_the_response_timeout() -> None:
         runner = runner_with(FakeFactory(Behaviour.STREAM), response_timeout=10.0)
         dispatcher = runner.dispatcher
         dispatcher._clock = lambda: now[0]
+        dispatcher.timeouts = dataclasses.replace(dispatcher.timeouts, clock=dispatcher._clock)
         runner.start()
         await runner.wait_started()
 
