@@ -398,15 +398,11 @@ class ModelRunner:
         now, after which ``deadline_passed``; ``alone``: in a batch of its own, ahead of
         the others (``submit_alone``); ``envelope``: the request envelope its protocol is
         read with (``RequestItem.envelope``)."""
-        loop = asyncio.get_running_loop()
         if self.sequences is not None and not alone:
             _, headers = sequence_of(headers)
         item = RequestItem(request_id, headers, parts, envelope)
-        job = Job(item, loop.create_future(), on_part, priority=priority)
-        expiry = None
-        if budget is not None:
-            job.deadline = job.enqueued_at + budget  # the queue batches by it
-            expiry = loop.call_later(budget, self.deadline_passed, job)  # not at dispatch
+        job = Job(item, asyncio.get_running_loop().create_future(), on_part, priority=priority)
+        expiry = self._deadline_timer(job, budget)
         try:
             if alone:
                 self.submit_alone(job)
@@ -417,9 +413,16 @@ class ModelRunner:
                 expiry.cancel()
             raise
         if expiry is not None:
-            timer = expiry
-            job.future.add_done_callback(lambda _: timer.cancel())
+            job.future.add_done_callback(lambda _: expiry.cancel())
         return job
+
+    def _deadline_timer(self, job: Job, budget: float | None) -> asyncio.TimerHandle | None:
+        """With a ``budget``, the job's deadline (the queue batches by it) and the timer
+        that calls ``deadline_passed`` at it (armed now, not at dispatch)."""
+        if budget is None:
+            return None
+        job.deadline = job.enqueued_at + budget
+        return asyncio.get_running_loop().call_later(budget, self.deadline_passed, job)
 
     def client_budget(self, asked: float | None) -> float | None:
         """A client request's budget in seconds: what it asked for, else the model's

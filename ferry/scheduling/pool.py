@@ -272,33 +272,40 @@ class WorkerPool:
         except WorkerStartFailed as failure:
             self._on_start_failed(slot, failure)
             return backoff.next()
-        self._events.worker_loaded(slot.index, time.monotonic() - started)
-        slot.worker, slot.state, slot.ready_since = worker, SlotState.READY, time.time()
-        slot.load_failures = 0
-        slot.first_attempt.set()
+        self._on_ready(slot, worker, time.monotonic() - started)
         backoff.reset()
-        info = worker.info
-        where = f"{info.device}, shared process" if info.shared else info.device
-        log.info("%s worker %d ready (pid %s, %s)", self.label, slot.index, info.pid, where)
 
         def on_busy(busy: bool) -> None:
             slot.state = SlotState.BUSY if busy else SlotState.READY
 
         # A shared process's memory is its models' together: no one model's to recycle for.
-        check = self._recycle.check_for(None if info.shared else info.pid)
+        check = self._recycle.check_for(None if worker.info.shared else worker.info.pid)
         end = await self._dispatcher.serve(
             worker, slot.retire, on_busy, check, last_out=self._serves_out
         )
+        return self._after_serving(slot, worker.info.pid, end, backoff)
+
+    def _on_ready(self, slot: WorkerSlot, worker: WorkerHandle, seconds: float) -> None:
+        self._events.worker_loaded(slot.index, seconds)
+        slot.worker, slot.state, slot.ready_since = worker, SlotState.READY, time.time()
+        slot.load_failures = 0
+        slot.first_attempt.set()
+        info = worker.info
+        where = f"{info.device}, shared process" if info.shared else info.device
+        log.info("%s worker %d ready (pid %s, %s)", self.label, slot.index, info.pid, where)
+
+    def _after_serving(
+        self, slot: WorkerSlot, pid: int | None, end: ServeEnd, backoff: Backoff
+    ) -> float | None:
+        """The delay before the slot's next worker, by why its worker stopped serving."""
         if end is ServeEnd.RECYCLE:
             slot.recycles += 1
             self._events.worker_recycled("limit")
             return None
         if end in (ServeEnd.FAILED, ServeEnd.EXITED):
-            slot.last_error = (
-                f"worker pid {info.pid} {'died' if end is ServeEnd.FAILED else 'exited'}"
-            )
+            slot.last_error = f"worker pid {pid} {'died' if end is ServeEnd.FAILED else 'exited'}"
             if end is ServeEnd.EXITED:
-                log.warning("%s worker pid %s exited while idle", self.label, info.pid)
+                log.warning("%s worker pid %s exited while idle", self.label, pid)
             slot.restarts += 1
             slot.state = SlotState.RESTARTING
             self._events.worker_restarted()
