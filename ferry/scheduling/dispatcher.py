@@ -241,12 +241,9 @@ class Dispatcher:
         while True:
             if not pending:
                 on_busy(False)
-                jobs = await self._next_batch(worker, retire, lane.source)
-                if jobs is None and self._drains(worker, retire, lane):
-                    jobs = await self._next_batch(worker, None, lane.source)
+                jobs = await self._next_when_idle(worker, retire, lane)
                 if jobs is None:
                     return ServeEnd.RETIRED if retire.is_set() else ServeEnd.EXITED
-                jobs = self._still_wanted(jobs, lane.source)
                 if not jobs:
                     continue
                 pending.append(await self._send(worker, jobs, lane.held))
@@ -270,6 +267,16 @@ class Dispatcher:
                     "%s worker pid %s recycled: %s", self.name, worker.info.pid, lane.recycling
                 )
                 return ServeEnd.RECYCLE
+
+    async def _next_when_idle(
+        self, worker: WorkerHandle, retire: asyncio.Event, lane: Lane
+    ) -> list[Job] | None:
+        """An idle worker's next batch, less requests answered while they waited (maybe
+        none left); None when the worker must stop."""
+        jobs = await self._next_batch(worker, retire, lane.source)
+        if jobs is None and self._drains(worker, retire, lane):
+            jobs = await self._next_batch(worker, None, lane.source)
+        return None if jobs is None else self._still_wanted(jobs, lane.source)
 
     def _drains(self, worker: WorkerHandle, retire: asyncio.Event, lane: Lane) -> bool:
         """Whether a retired worker takes one more batch: requests wait that no other
