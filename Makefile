@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv serve test check lint typecheck system-packages torchserve-venv demo-model bench compat image gpu-kit gpu-kit-dry-run clean
 
-$(STAMP): pyproject.toml requirements-dev.txt scripts/install.sh
+$(STAMP): pyproject.toml bench/pyproject.toml requirements-dev.txt scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
 	touch $(STAMP)
 
@@ -27,8 +27,8 @@ system-packages:
 	bash scripts/system-packages.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check ferry tests benchmarks examples
-	$(BIN)/ruff format --check ferry tests benchmarks examples
+	$(BIN)/ruff check ferry bench tests benchmarks examples
+	$(BIN)/ruff format --check ferry bench tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

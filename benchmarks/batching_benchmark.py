@@ -27,7 +27,7 @@ from benchmarks.common import (
     machine_description,
     resnet18_archive,
 )
-from ferry.bench.latency_plot import plot_latency_against_load
+from ferry_bench.latency_plot import plot_latency_against_load
 
 RESULTS = ROOT / "benchmarks" / "results"
 POLICIES = ("adaptive", "immediate", "fixed_window")

@@ -56,10 +56,10 @@ from benchmarks.common import (
     noop_archive,
     ts_style_resnet18_archive,
 )
-from ferry.bench.arrivals import step_of
-from ferry.bench.latency_plot import plot_latency_against_load
-from ferry.bench.load import LoadResult, LoadSpec, run_load
-from ferry.bench.servers import ServerConfig, ServerFailed, free_port, start_server
+from ferry_bench.arrivals import step_of
+from ferry_bench.latency_plot import plot_latency_against_load
+from ferry_bench.load import LoadResult, LoadSpec, run_load
+from ferry_bench.servers import ServerConfig, ServerFailed, free_port, start_server
 
 RESULTS = ROOT / "benchmarks" / "results"
 FOLDER = RESULTS / "batching_peers"

@@ -21,12 +21,12 @@ import yaml
 
 from examples.demo.shapes import LABELS, draw_shape, encode
 from examples.models.resnet import resnet18
-from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.config.settings import available_cores
 from ferry.handlers.contract.context import Context
 from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.loading import load_handler
+from ferry_bench.load import LoadResult, LoadSpec, run_load
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDLERS = ROOT / "benchmarks" / "handlers"

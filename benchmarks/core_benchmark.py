@@ -34,10 +34,10 @@ from benchmarks.common import (
     time_batches,
 )
 from benchmarks.server import ferry_server
-from ferry.bench.load import LoadResult
 from ferry.config.settings import available_cores, threads_per_worker
 from ferry.wire.environment import worker_environment
 from ferry.worker.torch_setup import configure_torch
+from ferry_bench.load import LoadResult
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 
@@ -176,7 +176,7 @@ def render(args, sweep: dict[int, float], best: int, rounds: list[Round]) -> str
     ]
     lines += [
         "",
-        "The load generator (`ferry.bench.load`, aiohttp, closed loop) runs on the same cores as "
+        "The load generator (`ferry_bench.load`, aiohttp, closed loop) runs on the same cores as "
         "the server and its worker, so it costs the server side some CPU. Both sides run with "
         "a worker's torch threads and glibc malloc settings (`ferry/worker/torch_setup.py`).",
         "",

@@ -28,7 +28,7 @@ from benchmarks.common import (
     publish,
     ts_style_resnet18_archive,
 )
-from ferry.bench.servers import ServerConfig, start_server
+from ferry_bench.servers import ServerConfig, start_server
 
 
 def measure(

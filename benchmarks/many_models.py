@@ -54,8 +54,8 @@ from benchmarks.common import (
     publish,
     ts_style_resnet18_archive,
 )
-from ferry.bench.arrivals import poisson_offsets
-from ferry.bench.servers import free_port, log_reason, server_environment, stop_group
+from ferry_bench.arrivals import poisson_offsets
+from ferry_bench.servers import free_port, log_reason, server_environment, stop_group
 
 MB = 1 << 20
 APIS = ("inference", "management", "metrics", "grpc_inference", "grpc_management", "workers")

@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
 from benchmarks.common import ROOT, closed_loop, jpeg_inputs, machine_description, publish
 from examples.models.resnet import resnet18, resnet50
-from ferry.bench.servers import free_port
 from ferry.handlers.builtin.aot_package import load_aoti_package
 from ferry.store.writer import ArchiveSpec, write_archive
 from ferry.worker.torch_setup import SPARE_READY
+from ferry_bench.servers import free_port
 
 FORMATS = ("TorchScript", "torch.export", "torch.compile", "AOTInductor")
 MODELS: dict[str, Callable[[], torch.nn.Module]] = {"ResNet-18": resnet18, "ResNet-50": resnet50}

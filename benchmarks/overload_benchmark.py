@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_description, publish
 from benchmarks.server import ferry_server
-from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.store.writer import ArchiveSpec, write_archive
+from ferry_bench.load import LoadResult, LoadSpec, run_load
 
 BURN_SECONDS = 0.1
 FLOODS = (16, 64, 256)

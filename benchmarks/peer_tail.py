@@ -11,7 +11,7 @@ round sends every server, in alternating order, the same seeded Poisson trace at
 rate (a new seed per round). Per rate: each round's p50/p99 per server, the median over
 rounds, and in how many rounds each server had the lower p99.
 
-Beside them, the ideal dispatcher of the limit report (``ferry.bench.limit.simulate``) on
+Beside them, the ideal dispatcher of the limit report (``ferry_bench.limit.simulate``) on
 the same arrivals, with this run's own costs: the pipeline profiled the way ``ferry bench
 limit`` profiles it, plus the no-op round trip of a Ferry server, both measured first. The
 rates are fractions of the X* that profile gives (``--fractions``), so a run on a faster or
@@ -49,9 +49,9 @@ from benchmarks.batching_peers import (
     serving,
 )
 from benchmarks.common import machine_description, publish
-from ferry.bench.limit import Bounds, bounds, cost_function, simulate
-from ferry.bench.limit_run import LimitSpec, profile_costs, round_trip
-from ferry.bench.load import LoadResult, LoadSpec, run_load
+from ferry_bench.limit import Bounds, bounds, cost_function, simulate
+from ferry_bench.limit_run import LimitSpec, profile_costs, round_trip
+from ferry_bench.load import LoadResult, LoadSpec, run_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IDEAL = "ideal"

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks.common import publish
 from ferry.batching.policies import BatchPolicy, CostModel
 from ferry.batching.registry import make_policy
-from ferry.bench.arrivals import poisson_offsets
-from ferry.bench.policy_sim import FullBatchPolicy, simulate_policy
-from ferry.bench.stats import percentile
+from ferry_bench.arrivals import poisson_offsets
+from ferry_bench.policy_sim import FullBatchPolicy, simulate_policy
+from ferry_bench.stats import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_REPORT = RESULTS / "batching_peers" / "ferry_adaptive" / "limit.json"
@@ -102,7 +102,7 @@ def main() -> None:
         f"Command: `python benchmarks/policy_simulation.py --report "
         f"{args.report.resolve().relative_to(RESULTS.parent.parent)} --seeds {args.seeds}`. "
         "No server: each policy's own decisions on a simulated clock "
-        "(`ferry.bench.policy_sim`), one worker, batch size "
+        "(`ferry_bench.policy_sim`), one worker, batch size "
         f"{spec['batch_size']}, delay {spec['max_batch_delay']} ms, the profiled cost per "
         f"batch (ms) {costs} (sizes in between interpolated, as a worker's cost model does), "
         "plus the measured "

@@ -55,12 +55,12 @@ from benchmarks.common import (
 )
 from benchmarks.server import ferry_server
 from ferry import __version__ as ferry_version
-from ferry.bench.servers import model_identity, stop_group
-from ferry.bench.stats import percentile
 from ferry.grpc.generated import ferry_open_inference_pb2 as oip
 from ferry.grpc.generated import ferry_open_inference_pb2_grpc as oip_grpc
 from ferry.grpc.generated import ferry_torchserve_inference_pb2 as ts_pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as ts_grpc
+from ferry_bench.servers import model_identity, stop_group
+from ferry_bench.stats import percentile
 
 BASELINE = "Ferry: TorchServe REST"
 REQUEST_TIMEOUT = 60.0

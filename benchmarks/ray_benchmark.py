@@ -65,9 +65,9 @@ from benchmarks.common import (
     publish,
     ts_style_resnet18_archive,
 )
-from ferry.bench.load import LoadSpec, run_load
-from ferry.bench.servers import ServerConfig, free_port, start_server
 from ferry.ray_serve.plan import THROUGHPUT_ENVIRONMENT
+from ferry_bench.load import LoadSpec, run_load
+from ferry_bench.servers import ServerConfig, free_port, start_server
 
 CLIENTS = 16
 SECONDS = 6.0

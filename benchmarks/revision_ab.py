@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
 from benchmarks.common import ROOT, machine_description, noop_archive, publish
 from benchmarks.tracing_overhead import SINK_NICENESS, collector
-from ferry.bench.load import LoadSpec, run_load
+from ferry_bench.load import LoadSpec, run_load
 
 RESULTS = ROOT / "benchmarks" / "results"
 

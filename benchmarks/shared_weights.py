@@ -46,9 +46,9 @@ from benchmarks.common import (
 )
 from benchmarks.many_models import pss
 from benchmarks.server import BenchmarkServer, ferry_server
-from ferry.bench.stats import percentile
 from ferry.procinfo import descendants
 from ferry.store.writer import ArchiveSpec, write_archive
+from ferry_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDLER = ROOT / "tests" / "fixtures" / "handlers" / "weights_reporting_handler.py"

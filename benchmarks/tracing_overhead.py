@@ -44,8 +44,8 @@ from benchmarks.common import (
     resnet18_archive,
 )
 from benchmarks.server import ferry_server
-from ferry.bench.load import LoadResult, LoadSpec, run_load
 from ferry.procinfo import cpu_seconds, descendants
+from ferry_bench.load import LoadResult, LoadSpec, run_load
 
 SINK = Path(__file__).with_name("otlp_sink.py")
 SINK_NICENESS = 10

@@ -3,7 +3,8 @@
 # (`make venv`, mode dev) and for the container image (Dockerfile, modes torch, runtime).
 #
 #   scripts/install.sh VENV dev       torch pinned by requirements-dev.txt, the test tools,
-#                                     Ferry editable with every extra
+#                                     Ferry editable with every extra, and ferry-bench
+#                                     (bench/, the bench extra's) editable from the checkout
 #   scripts/install.sh VENV torch     torch==$TORCH_VERSION and torchvision==$TORCHVISION_VERSION
 #                                     from $TORCH_INDEX_URL (when set: the CPU or a CUDA
 #                                     index; else pip's own), the pair checked
@@ -21,7 +22,9 @@ PIP=("$VENV/bin/pip" install --quiet)
 case "$MODE" in
     dev)
         "${PIP[@]}" -r "$ROOT/requirements-dev.txt"
-        "${PIP[@]}" -e "$ROOT[bench,onnx,explain,grpc,ray,otel]"
+        # ./bench given beside the bench extra is the ferry-bench pip takes for it: no index
+        # has it (released together, the two pin each other at one version).
+        "${PIP[@]}" -e "$ROOT[bench,onnx,explain,grpc,ray,otel]" -e "$ROOT/bench"
         ;;
     torch)
         # Pinned together, so that installing Ferry keeps these builds.

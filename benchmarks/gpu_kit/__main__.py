@@ -102,7 +102,8 @@ def part_environment(site: Path) -> dict[str, str]:
     """This process's environment, with the kit's folder and the checkout first on the
     path. gRPC off: no part measures it, and the device's protobuf is of a version
     Ferry's generated modules were not checked against."""
-    path = [str(site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    checkout = [str(ROOT), str(ROOT / "bench")]  # ferry, and ferry_bench (ferry-bench's)
+    path = [str(site), *checkout, *filter(None, [os.environ.get("PYTHONPATH")])]
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(path),

@@ -1,12 +1,13 @@
 """The wheels the kit carries: what Ferry needs that the device lacks, pinned and complete.
 
 The set is derived, not listed: Ferry's runtime requirements (``pyproject.toml``'s
-dependencies and the ``bench`` extra, which the parts use) less what the device already
-has (``device_packages.txt``), each pinned to the version this checkout's environment
-runs, then the same for every requirement of a carried wheel (markers evaluated for the
-device's Python), until nothing is missing. Extras of a requirement are not followed:
-``uvicorn[standard]`` would bring websockets, watchfiles and python-dotenv, which Ferry
-never imports (it names httptools itself; uvloop is on the device).
+dependencies and ferry-bench's, in ``bench/pyproject.toml``, which the parts use) less what
+the device already has (``device_packages.txt``), each pinned to the version this
+checkout's environment runs, then the same for every requirement of a carried wheel
+(markers evaluated for the device's Python), until nothing is missing. Extras of a
+requirement are not followed: ``uvicorn[standard]`` would bring websockets, watchfiles and
+python-dotenv, which Ferry never imports (it names httptools itself; uvloop is on the
+device).
 
 ``build`` runs here (it needs ``packaging`` and a package index); ``install`` and
 ``read_manifest`` run on the device before anything is installed, so they use only the
@@ -72,9 +73,18 @@ def device_packages() -> set[str]:
 
 
 def ferry_requirements() -> list[str]:
-    """Ferry's runtime requirements and its ``bench`` extra, as ``pyproject.toml`` says."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements: list[str] = [*project["dependencies"], *project["optional-dependencies"]["bench"]]
+    """Ferry's runtime requirements and ferry-bench's (its ``bench`` extra), as
+    ``pyproject.toml`` and ``bench/pyproject.toml`` say; not ferry-serve itself, which runs
+    from the checkout."""
+    from packaging.requirements import Requirement
+
+    server = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bench = tomllib.loads((ROOT / "bench" / "pyproject.toml").read_text())["project"]
+    ours = canonical(server["name"])
+    from_bench = [
+        line for line in bench["dependencies"] if canonical(Requirement(line).name) != ours
+    ]
+    requirements: list[str] = [*server["dependencies"], *from_bench]
     return requirements
 
 

@@ -1,109 +1,51 @@
-"""``ferry bench``: measure models and servers.
+"""``ferry bench``: where the bench tool joins the ``ferry`` command line.
 
-A thin layer: each subcommand is a module of ``ferry.bench.commands`` (its options and what
-it runs); this one names them and adds them to the command line. The bench tools need the
-``bench`` extra (aiohttp, httpx, matplotlib), which the server does not: the command modules
-import only the standard library until a bench command runs, and a missing extra is reported
-in one line.
-
-Ctrl-C and SIGTERM stop a command the same way: the exception unwinds it, so every server
-it started (``ferry.bench.servers.start_server``, in a session of its own that neither
-signal reaches) is stopped on the way out; then one line, and exit status 130 or 143.
+The tool is a distribution of its own, ferry-bench (the package ``ferry_bench``, from
+``bench/`` in this repository), so that the server's carries none of it; ``pip install
+'ferry-serve[bench]'`` brings it. Installed, its commands become ``ferry bench``'s. Not
+installed, ``ferry bench ...`` says in one line what to install and exits 2, and the
+server's own commands are unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import signal
 import sys
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
-from ferry.bench.commands import BenchCommand, limit, load, profile, sweep, tune
+INSTALL_BENCH = "pip install 'ferry-serve[bench]'"
+"""What brings the bench tool (ferry-bench and its plotting and HTTP clients)."""
 
-Command = Callable[[argparse.Namespace], int]
-
-BENCH_EXTRA_MODULES = ("aiohttp", "httpx", "matplotlib")
-"""The modules ``pip install 'ferry-serve[bench]'`` brings."""
-
-
-def needing_bench_extra(command: Command, *modules: str) -> Command:
-    """``command``, run only once ``modules`` (from the bench extra) import.
-
-    They are imported before the command starts, so a sweep does not run for an hour and
-    then fail to plot; a bench module importing one of them later is caught the same way.
-    """
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            for name in modules:
-                importlib.import_module(name)
-            return command(args)
-        except ModuleNotFoundError as exc:
-            missing = (exc.name or "").partition(".")[0]
-            if missing not in BENCH_EXTRA_MODULES:
-                raise
-            print(
-                f"ferry bench {args.tool}: needs the 'bench' extra: "
-                f"pip install 'ferry-serve[bench]' (missing module {missing})",
-                file=sys.stderr,
-            )
-            return 2
-
-    return run
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is as Ctrl-C raises ``KeyboardInterrupt``, so the
-    same clean-up runs (asyncio, too, lets a ``KeyboardInterrupt`` through its tasks)."""
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    # Once: a second SIGTERM must not cut short the clean-up the first one started (it is
-    # bounded: ``stop_group`` kills a server that does not stop within its grace).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated
-
-
-def stopped_cleanly(command: Command) -> Command:
-    """``command``, stopped by Ctrl-C or SIGTERM with its servers stopped, one line saying
-    so (no traceback) and exit status 128 + the signal's number."""
-
-    def run(args: argparse.Namespace) -> int:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
-            return command(args)
-        except KeyboardInterrupt as stop:
-            signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
-            print(f"ferry bench {args.tool}: stopped ({signum.name})", file=sys.stderr)
-            return 128 + signum
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-
-    return run
-
-
-COMMANDS: dict[str, BenchCommand] = {
-    "load": load,
-    "profile": profile,
-    "sweep": sweep,
-    "limit": limit,
-    "tune": tune,
-}
-"""``ferry bench``'s subcommands, in the order ``--help`` lists them."""
+FROM_A_CHECKOUT = "pip install ./bench"
+"""The same from a clone of this repository, where ferry-bench is not fetched but built."""
 
 
 def add_parser(commands: Any) -> None:
+    """``ferry bench`` with ferry-bench's commands, or the one line naming what to install."""
+    try:
+        from ferry_bench.cli import add_parser as add_bench_commands
+    except ModuleNotFoundError as exc:
+        if exc.name != "ferry_bench":
+            raise  # ferry-bench is installed but broken: not a missing install
+        _add_not_installed(commands)
+    else:
+        add_bench_commands(commands)
+
+
+def _add_not_installed(commands: Any) -> None:
     parser = commands.add_parser(
         "bench",
-        help="measure models and servers",
-        description="Measure models and servers. Needs the 'bench' extra: "
-        "pip install 'ferry-serve[bench]'",
+        help=f"measure models and servers (needs ferry-bench: {INSTALL_BENCH})",
+        description=f"Measure models and servers. Needs ferry-bench: {INSTALL_BENCH}",
     )
-    tools = parser.add_subparsers(dest="tool", required=True)
-    for name, command in COMMANDS.items():
-        tool = tools.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
-        command.add_arguments(tool)
-        tool.set_defaults(run=stopped_cleanly(needing_bench_extra(command.run, *command.NEEDS)))
+    parser.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(run=_not_installed)
+
+
+def _not_installed(args: argparse.Namespace) -> int:
+    print(
+        f"ferry bench: ferry-bench is not installed: {INSTALL_BENCH} "
+        f"(in a checkout of Ferry: {FROM_A_CHECKOUT})",
+        file=sys.stderr,
+    )
+    return 2

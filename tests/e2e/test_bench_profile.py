@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.bench.profile import MIN_RUNS, NOISY_SPREAD
+from ferry_bench.profile import MIN_RUNS, NOISY_SPREAD
 from tests.fixtures.cli import run_ferry
 from tests.fixtures.models import DEMO_STORE, ts_style_archive
 
@@ -154,7 +154,7 @@ def test_a_torchserve_style_handler_profiles(tmp_path: Path) -> None:
 
 def test_profile_measures_the_archive_at_its_own_precision(tmp_path: Path) -> None:
     """Without --precision, what the archive asks for (here bf16), as a worker runs it."""
-    from ferry.bench.servers import with_precision
+    from ferry_bench.servers import with_precision
 
     archive = with_precision(DEMO_STORE / "shapes.mar", "bf16", tmp_path / "store")
     run = run_ferry(

@@ -60,6 +60,7 @@ def _tune_args() -> list[str]:
         ("grpc", "grpc", ["--enable-grpc", "true"]),
         ("ray", "ray", ["--ray"]),
         ("matplotlib", "bench", None),
+        ("ferry_bench", "bench", None),  # ferry-bench, the bench extra, not installed at all
     ],
 )
 def test_a_missing_extra_is_named_in_one_line(

@@ -9,7 +9,8 @@ torch==VERSION``: pip takes that build from its local wheel folder where it has 
 ``ferry``, run from a folder outside the checkout, prints its version, writes an archive
 and serves the demo model, a handler written for TorchServe (``ts.*`` imports) and the
 gRPC APIs: what only the package data, the ``ts`` shims and the generated gRPC modules
-inside the wheel make work.
+inside the wheel make work. The wheel holds no bench code: ``ferry bench`` there names what
+to install; ferry-bench's own wheel, built from ``bench/``, holds it all.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def _checkout_files() -> list[str]:
     return sorted(name for name in listing.splitlines() if (ROOT / name).is_file())
 
 
-def _package_files() -> list[str]:
+def _package_files(package: str = "ferry") -> list[str]:
     """What the wheel must carry: every file of the package."""
-    return [name for name in _checkout_files() if name.startswith("ferry/")]
+    return [name for name in _checkout_files() if name.startswith(f"{package}/")]
 
 
 def _differences(shipped: list[str], expected: list[str]) -> tuple[list[str], list[str]]:
@@ -105,6 +106,12 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy2(ROOT / name, clone / name)
     out = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "build", "--outdir", str(out), str(clone)], BUILD_TIMEOUT, out)
+    bench = clone / "bench"
+    _run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(bench)],
+        BUILD_TIMEOUT,
+        out,
+    )
     return out
 
 
@@ -143,8 +150,14 @@ def test_build_makes_an_sdist_and_a_wheel_with_every_package_file(dist: Path) ->
     wheel = _one(dist, "ferry_serve-*-py3-none-any.whl")
     assert wheel.name == f"ferry_serve-{__version__}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
-        in_wheel = sorted(name for name in archive.namelist() if name.startswith("ferry/"))
+        names = archive.namelist()
+    in_wheel = sorted(name for name in names if name.startswith("ferry/"))
     assert _differences(in_wheel, _package_files()) == ([], [])
+    assert {name.partition("/")[0] for name in names} == {  # no ferry_bench/
+        "ferry",
+        f"ferry_serve-{__version__}.dist-info",
+    }
+    assert not [name for name in names if "bench" in name.split("/")[:2]]
     with tarfile.open(sdist) as archive:
         in_sdist = {name.partition("/")[2] for name in archive.getnames()}
     assert {"pyproject.toml", "README.md", *_package_files()} <= in_sdist
@@ -160,6 +173,31 @@ def test_the_installed_package_is_the_wheel_with_its_data(venv: Path, outside: P
     assert _differences(installed, _package_files()) == ([], [])
     version = _run([str(venv / "bin" / "ferry"), "--version"], 120, outside)
     assert version.strip() == f"ferry {__version__}"
+
+
+def test_ferry_bench_is_a_wheel_of_its_own_with_every_bench_file(dist: Path) -> None:
+    wheel = _one(dist, "ferry_bench-*-py3-none-any.whl")
+    assert wheel.name == f"ferry_bench-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(f"ferry_bench-{__version__}.dist-info/METADATA").decode()
+    bench_files = [name.removeprefix("bench/") for name in _package_files("bench/ferry_bench")]
+    in_wheel = [name for name in names if name.startswith("ferry_bench/")]
+    assert _differences(in_wheel, bench_files) == ([], [])
+    assert f"Requires-Dist: ferry-serve=={__version__}" in metadata.splitlines()
+
+
+def test_the_installed_server_names_what_ferry_bench_needs(venv: Path, outside: Path) -> None:
+    argv = [str(venv / "bin" / "ferry"), "bench", "tune", "model.mar", "--slo-p99", "50ms"]
+    environment = {k: v for k, v in os.environ.items() if k not in FROM_THE_CHECKOUT}
+    run = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, cwd=outside, env=environment
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.splitlines() == [
+        "ferry bench: ferry-bench is not installed: pip install 'ferry-serve[bench]' "
+        "(in a checkout of Ferry: pip install ./bench)"
+    ]
 
 
 def _ts_handler_archive(ferry: Path, store: Path, scratch: Path) -> str:

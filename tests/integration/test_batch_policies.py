@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ferry.bench.load import LoadResult
+from ferry_bench.load import LoadResult
 from tests.fixtures.gate import busy_worker
 from tests.fixtures.load import closed_loop
 from tests.fixtures.models import digest_archive

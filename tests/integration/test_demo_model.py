@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from examples.demo.shapes import encode, labelled_samples
-from ferry.bench.load import run_closed_loop
+from ferry_bench.load import run_closed_loop
 from tests.fixtures.load import closed_loop
 from tests.fixtures.server import RunningServer
 

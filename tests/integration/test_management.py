@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ferry.bench.load import LoadResult, run_closed_loop
+from ferry_bench.load import LoadResult, run_closed_loop
 from tests.fixtures.models import broken_archive, digest_archive
 from tests.fixtures.polling import wait_until
 from tests.fixtures.responses import assert_error

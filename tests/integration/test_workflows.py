@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ferry.bench.load import run_closed_loop
+from ferry_bench.load import run_closed_loop
 from tests.fixtures.responses import assert_error
 from tests.fixtures.server import RunningServer, ferry_server
 from tests.fixtures.workflows import PIPELINE_SPEC, pipeline_war, tensor_war, unchecked_war

@@ -1,12 +1,12 @@
-"""``ferry bench``'s command modules: each declares what the CLI needs, and the CLI loads
-without the bench extra."""
+"""``ferry bench``'s command modules: each declares what the CLI needs, and the ``ferry``
+command line, which adds them, loads none of the modules they drive."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from ferry.cli.bench import BENCH_EXTRA_MODULES, COMMANDS
+from ferry_bench.cli import BENCH_EXTRA_MODULES, COMMANDS
 
 
 def test_every_command_needs_only_bench_extra_modules() -> None:
@@ -18,7 +18,8 @@ def test_every_command_needs_only_bench_extra_modules() -> None:
 _IMPORTS = """
 import sys
 import ferry.cli.main
-print(",".join(sorted(m for m in sys.modules if m.startswith("ferry.bench."))))
+ferry.cli.main.build_parser()
+print(",".join(sorted(m for m in sys.modules if m.startswith("ferry_bench"))))
 """
 
 
@@ -28,6 +29,6 @@ def test_the_cli_imports_only_the_command_modules_until_a_command_runs() -> None
     )
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.strip().split(","))
-    assert loaded == {"ferry.bench.commands"} | {
-        f"ferry.bench.commands.{name}" for name in (*COMMANDS, "arguments", "progress")
+    assert loaded == {"ferry_bench", "ferry_bench.cli", "ferry_bench.commands"} | {
+        f"ferry_bench.commands.{name}" for name in (*COMMANDS, "arguments", "progress")
     }

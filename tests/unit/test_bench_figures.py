@@ -10,14 +10,14 @@ import pytest
 
 matplotlib.use("Agg")
 
-from ferry.bench.core_use import CoreUse
-from ferry.bench.figures import axis_scale, few_answers, plain_number, warning_texts
-from ferry.bench.latency_plot import Points, latency_figure
-from ferry.bench.limit import Bounds
-from ferry.bench.limit_report import limit_warnings, markdown
-from ferry.bench.limit_run import LimitReport, LimitSpec, RatePoint
-from ferry.bench.load_report import failure_shares, rate_warnings
-from ferry.bench.sweep_report import row_warnings, throughput_figure
+from ferry_bench.core_use import CoreUse
+from ferry_bench.figures import axis_scale, few_answers, plain_number, warning_texts
+from ferry_bench.latency_plot import Points, latency_figure
+from ferry_bench.limit import Bounds
+from ferry_bench.limit_report import limit_warnings, markdown
+from ferry_bench.limit_run import LimitReport, LimitSpec, RatePoint
+from ferry_bench.load_report import failure_shares, rate_warnings
+from ferry_bench.sweep_report import row_warnings, throughput_figure
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_log_only_over_a_decade_or_more(values: list[float | None], kind: str) -
 def _labels(values: list[float], which: str = "y") -> list[str]:
     import matplotlib.pyplot as plt
 
-    from ferry.bench.figures import apply_scale
+    from ferry_bench.figures import apply_scale
 
     figure, axes = plt.subplots()
     axes.plot(range(len(values)), values)

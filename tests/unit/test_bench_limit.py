@@ -11,12 +11,12 @@ from itertools import islice, pairwise
 
 import pytest
 
-from ferry.bench.arrivals import bursty_offsets, poisson_offsets, step_of, step_offsets
-from ferry.bench.limit import bounds, cost_function, simulate
-from ferry.bench.limit_run import batch_sizes_up_to
-from ferry.bench.load import LoadSpec, run_load
-from ferry.bench.load_report import load_summary
-from ferry.bench.target_types import Answer
+from ferry_bench.arrivals import bursty_offsets, poisson_offsets, step_of, step_offsets
+from ferry_bench.limit import bounds, cost_function, simulate
+from ferry_bench.limit_run import batch_sizes_up_to
+from ferry_bench.load import LoadSpec, run_load
+from ferry_bench.load_report import load_summary
+from ferry_bench.target_types import Answer
 
 
 def test_periodic_arrivals_slower_than_service_are_never_queued() -> None:
@@ -131,7 +131,7 @@ def _arguments(**given: object) -> argparse.Namespace:
 
 
 def test_load_arguments_make_one_spec_per_rate() -> None:
-    from ferry.bench.commands.load import load_specs
+    from ferry_bench.commands.load import load_specs
 
     specs = load_specs(_arguments(rate="50,100", bursts="1,2"), [b"x"])
     assert [s.rate for s in specs] == [50.0, 100.0] and specs[0].bursts == (1.0, 2.0)

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from ferry.bench import profile as profiling
-from ferry.bench.profile import ProfilePoint
+from ferry_bench import profile as profiling
+from ferry_bench.profile import ProfilePoint
 
 
 def _fake(per_item: dict[int, float], oom_from: int | None = None, spread: float = 0.1) -> Any:
@@ -66,9 +66,9 @@ def test_explicit_batch_sizes_are_all_measured(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_profile_reports_the_optimizations_the_handler_runs_with() -> None:
-    from ferry.bench.profile_report import format_optimizations
     from ferry.handlers.builtin.base_handler import BaseHandler
     from ferry.handlers.builtin.optimize import Optimizations
+    from ferry_bench.profile_report import format_optimizations
 
     handler = BaseHandler()
     handler.optimizations = Optimizations(precision="bf16", batch_buckets=(1, 8))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ferry.bench import servers
-from ferry.bench.servers import ServerConfig, ServerFailed, start_server
+from ferry_bench import servers
+from ferry_bench.servers import ServerConfig, ServerFailed, start_server
 
 
 class Starts:

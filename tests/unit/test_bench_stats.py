@@ -9,10 +9,10 @@ from itertools import islice, pairwise
 
 import pytest
 
-from ferry.bench.arrivals import poisson_offsets
-from ferry.bench.server_stats import histogram_delta, parse_exposition, server_figures
-from ferry.bench.stats import percentile
 from ferry.metrics.definitions import FerryMetrics
+from ferry_bench.arrivals import poisson_offsets
+from ferry_bench.server_stats import histogram_delta, parse_exposition, server_figures
+from ferry_bench.stats import percentile
 
 
 def test_percentiles_interpolate_like_numpy() -> None:

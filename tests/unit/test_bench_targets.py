@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from ferry.bench.load import LoadSpec, run_load
-from ferry.bench.load_report import format_summary, load_summary
-from ferry.bench.target_types import Answer, GrpcCall, NoAnswer, TargetSpec, UnsupportedTarget
-from ferry.bench.targets import check_url, grpc_call, open_target
+from ferry_bench.load import LoadSpec, run_load
+from ferry_bench.load_report import format_summary, load_summary
+from ferry_bench.target_types import Answer, GrpcCall, NoAnswer, TargetSpec, UnsupportedTarget
+from ferry_bench.targets import check_url, grpc_call, open_target
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_open_loop_counts_every_arrival() -> None:
 
 
 def test_summary_percentiles_describe_successes_only() -> None:
-    from ferry.bench.load import LoadResult
+    from ferry_bench.load import LoadResult
 
     result = LoadResult(
         requests=100,
@@ -121,7 +121,7 @@ def test_summary_percentiles_describe_successes_only() -> None:
 
 _CONVERT = """
 import json, sys
-from ferry.bench.grpc_targets import infer_request
+from ferry_bench.grpc_targets import infer_request
 from ferry.grpc import open_inference
 
 document = json.loads(sys.argv[1])
@@ -173,8 +173,8 @@ def test_a_v2_json_request_becomes_the_same_tensors_over_grpc() -> None:
 
 _IMPORTS = """
 import sys
-import ferry.bench.load, ferry.bench.targets
-print(",".join(sorted(m for m in sys.modules if m == "grpc" or m.startswith("ferry.bench."))))
+import ferry_bench.load, ferry_bench.targets
+print(",".join(sorted(m for m in sys.modules if m == "grpc" or m.startswith("ferry_bench."))))
 """
 
 
@@ -184,15 +184,15 @@ def test_opening_no_grpc_target_imports_neither_grpcio_nor_the_grpc_targets() ->
     )
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.strip().split(","))
-    assert "ferry.bench.target_types" in loaded and "ferry.bench.http_target" in loaded
-    assert not loaded & {"grpc", "ferry.bench.grpc_targets"}
+    assert "ferry_bench.target_types" in loaded and "ferry_bench.http_target" in loaded
+    assert not loaded & {"grpc", "ferry_bench.grpc_targets"}
 
 
 def test_the_target_types_import_no_target() -> None:
     import ast
     from pathlib import Path
 
-    import ferry.bench.target_types as types
+    import ferry_bench.target_types as types
 
     tree = ast.parse(Path(types.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

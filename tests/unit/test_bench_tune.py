@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ferry.bench.servers import ServerConfig
-from ferry.bench.sweep import SweepSpec
-from ferry.bench.tune import (
+from ferry.errors import ConfigError
+from ferry_bench.servers import ServerConfig
+from ferry_bench.sweep import SweepSpec
+from ferry_bench.tune import (
     Trial,
     config_changes,
     configurations,
@@ -19,7 +20,6 @@ from ferry.bench.tune import (
     search,
     tuned_config,
 )
-from ferry.errors import ConfigError
 
 
 def fake_server(config: ServerConfig, concurrency: int) -> Trial:
@@ -154,8 +154,8 @@ def test_sweep_spec_reading_and_validation(tmp_path: Path) -> None:
 
 
 def test_server_config_properties_drive_batch_settings(tmp_path: Path) -> None:
-    from ferry.bench.servers import write_config
     from ferry.config.sources import load_settings
+    from ferry_bench.servers import write_config
     from tests.fixtures.models import digest_archive
 
     store = tmp_path / "store"
@@ -183,7 +183,7 @@ def test_precision_axis(tmp_path: Path) -> None:
 
     import yaml
 
-    from ferry.bench.servers import with_precision
+    from ferry_bench.servers import with_precision
     from tests.fixtures.models import DEMO_STORE
 
     spec_file = tmp_path / "spec.yaml"
@@ -211,7 +211,7 @@ def test_precision_axis(tmp_path: Path) -> None:
 def test_child_servers_get_no_ferry_or_torchserve_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from ferry.bench.servers import log_reason, server_environment
+    from ferry_bench.servers import log_reason, server_environment
 
     monkeypatch.setenv("FERRY_BATCH_SIZE", "64")
     monkeypatch.setenv("TS_CONFIG_FILE", "/elsewhere")

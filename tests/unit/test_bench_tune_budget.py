@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.bench.servers import ServerConfig
-from ferry.bench.tune import Trial, search
-from ferry.bench.tune_budget import (
+from ferry_bench.servers import ServerConfig
+from ferry_bench.tune import Trial, search
+from ferry_bench.tune_budget import (
     BudgetTooSmall,
     Costs,
     Grid,

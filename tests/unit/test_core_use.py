@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ferry.bench.core_use import CoreClock, CoreUse, CpuSnapshot
-from ferry.bench.limit import bounds
-from ferry.bench.limit_report import markdown
-from ferry.bench.limit_run import LimitReport, LimitSpec, RatePoint
+from ferry_bench.core_use import CoreClock, CoreUse, CpuSnapshot
+from ferry_bench.limit import bounds
+from ferry_bench.limit_report import markdown
+from ferry_bench.limit_run import LimitReport, LimitSpec, RatePoint
 
 
 class FakeMachine:

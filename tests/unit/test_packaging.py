@@ -1,25 +1,33 @@
-"""What ``pip install ferry-serve`` promises: every module Ferry imports is declared, the server
-runs without the ``bench`` extra, and ``ferry bench`` without it says what to install."""
+"""What ``pip install ferry-serve`` promises: every module Ferry imports is declared; the server
+package holds no bench code and runs without ferry-bench (the ``bench`` extra), and ``ferry
+bench`` without it says what to install; ferry-bench (``bench/``) declares what it imports
+and is released with ferry-serve at one version."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import fnmatch
 import re
 import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import ferry_bench
 from ferry import __version__
-from ferry.cli.bench import BENCH_EXTRA_MODULES, needing_bench_extra
+from ferry.cli.bench import INSTALL_BENCH
 from ferry.cli.main import main
+from ferry_bench.cli import BENCH_EXTRA_MODULES, needing_bench_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ferry"
+BENCH = ROOT / "bench"
+"""ferry-bench's distribution: its pyproject.toml and the package ferry_bench."""
 
 DISTRIBUTION_OF = {
     "torch": "torch",
@@ -51,12 +59,17 @@ OPTIONAL_MODULES = {
     "watchfiles",
     "nvidia",  # nvidia.dali: TorchServe's DALI handlers, where the user installed DALI
     "scipy",  # SageMaker's NPZ bodies (sagemaker_inference.decoder), where the model installs it
+    "ferry_bench",  # ferry-bench, the bench extra: ferry/cli/bench.py adds its commands
 }
 """Used when present: each import of one must sit in a ``try`` that catches ImportError."""
 
-NOT_SERVER_CODE = ("bench/", "cli/bench.py", "_compat/", "grpc/", "ray_serve/", "tracing/otel.py")
-"""``ferry bench``, the gRPC APIs, ``--ray`` and ``enable_tracing`` have their own extras; the
-TorchServe shim only re-exports Ferry's handlers."""
+NOT_SERVER_CODE = ("_compat/", "grpc/", "ray_serve/", "tracing/otel.py")
+"""The gRPC APIs, ``--ray`` and ``enable_tracing`` have their own extras; the TorchServe shim
+only re-exports Ferry's handlers. (``ferry bench`` is not in the package at all.)"""
+
+SERVER = frozenset({"ferry"})
+BENCH_TOOL = frozenset({"ferry", "ferry_bench"})
+"""The packages a distribution's code imports as its own: ferry-bench requires ferry-serve."""
 
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -67,8 +80,13 @@ def _requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group()).lower()
 
 
+def _project(folder: Path) -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+    return project
+
+
 def _declared() -> tuple[set[str], dict[str, set[str]]]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = _project(ROOT)
     base = {_requirement_name(r) for r in project["dependencies"]}
     extras = {
         extra: {_requirement_name(r) for r in requirements}
@@ -99,8 +117,9 @@ def _catches_import_errors(handler: ast.ExceptHandler) -> bool:
     return caught is None or any(isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names)
 
 
-def third_party_imports(path: Path) -> Iterator[tuple[str, bool, int]]:
-    """(module, guarded by ``except ImportError``, line) for each import outside the stdlib."""
+def third_party_imports(path: Path, own: frozenset[str]) -> Iterator[tuple[str, bool, int]]:
+    """(module, guarded by ``except ImportError``, line) for each import outside the stdlib
+    and the packages ``own``."""
     tree = ast.parse(path.read_text(), str(path))
     guarded: set[int] = set()
     for node in ast.walk(tree):
@@ -108,15 +127,15 @@ def third_party_imports(path: Path) -> Iterator[tuple[str, bool, int]]:
             guarded.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
     for node in ast.walk(tree):
         name = _imported_name(node)
-        if name and name != "ferry" and name not in sys.stdlib_module_names:
+        if name and name not in own and name not in sys.stdlib_module_names:
             yield name, id(node) in guarded, getattr(node, "lineno", 0)
 
 
-def _undeclared(files: list[Path], declared: set[str]) -> list[str]:
+def _undeclared(files: list[Path], declared: set[str], own: frozenset[str] = SERVER) -> list[str]:
     problems = []
     for path in files:
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-        for module, guarded, line in third_party_imports(path):
+        for module, guarded, line in third_party_imports(path, own):
             if module in OPTIONAL_MODULES:
                 if not guarded:
                     problems.append(f"{where}:{line}: optional {module} is imported unguarded")
@@ -140,14 +159,55 @@ def test_the_server_imports_only_base_dependencies() -> None:
     assert _undeclared(server, base) == []
 
 
-def test_bench_imports_only_base_and_bench_dependencies() -> None:
+def test_the_server_package_holds_no_bench_code() -> None:
+    """ferry_bench lives in bench/, ferry-bench's; the server's package finds it, if it is
+    installed, only where ``ferry bench`` is added to the command line (guarded there)."""
+    assert not (PACKAGE / "bench").exists()
+    assert (BENCH / "ferry_bench" / "cli.py").is_file()
+    importing = [
+        path.relative_to(ROOT).as_posix()
+        for path in _package_files()
+        if any(module == "ferry_bench" for module, _, _ in third_party_imports(path, SERVER))
+    ]
+    assert importing == ["ferry/cli/bench.py"]
+    assert _packaged(ROOT, ["ferry", "ferry.cli", "ferry_bench", "ferry_bench.cli"]) == [
+        "ferry",
+        "ferry.cli",
+    ]
+
+
+def _packaged(folder: Path, packages: list[str]) -> list[str]:
+    """Those of ``packages`` that ``folder``'s pyproject.toml has setuptools look for."""
+    tool = tomllib.loads((folder / "pyproject.toml").read_text())["tool"]
+    include: list[str] = tool["setuptools"]["packages"]["find"]["include"]
+    return [name for name in packages if any(fnmatch.fnmatch(name, p) for p in include)]
+
+
+def test_bench_imports_only_base_and_its_own_dependencies() -> None:
     base, extras = _declared()
-    grpc_targets = PACKAGE / "bench" / "grpc_targets.py"  # reached only once grpc imports
-    bench = [PACKAGE / "cli" / "bench.py", *sorted((PACKAGE / "bench").rglob("*.py"))]
+    bench_declared = {_requirement_name(r) for r in _project(BENCH)["dependencies"]}
+    package = BENCH / "ferry_bench"
+    grpc_targets = package / "grpc_targets.py"  # reached only once grpc imports
+    bench = sorted(package.rglob("*.py"))
     bench.remove(grpc_targets)
-    assert _undeclared(bench, base | extras.get("bench", set())) == []
-    assert _undeclared([grpc_targets], base | extras["bench"] | extras["grpc"]) == []
-    assert set(BENCH_EXTRA_MODULES) <= extras["bench"]  # what the CLI tells users it installs
+    assert _undeclared(bench, base | bench_declared, BENCH_TOOL) == []
+    grpc_declared = base | bench_declared | extras["grpc"]
+    assert _undeclared([grpc_targets], grpc_declared, BENCH_TOOL) == []
+    assert set(BENCH_EXTRA_MODULES) <= bench_declared  # what the CLI tells users it installs
+    assert _packaged(BENCH, ["ferry", "ferry_bench", "ferry_bench.commands"]) == [
+        "ferry_bench",
+        "ferry_bench.commands",
+    ]
+
+
+def test_ferry_bench_is_released_with_ferry_serve_at_one_version() -> None:
+    """It drives the server's internals: the bench extra and ferry-bench pin each other."""
+    server, bench = _project(ROOT), _project(BENCH)
+    assert server["optional-dependencies"]["bench"] == [f"ferry-bench=={__version__}"]
+    assert f"{server['name']}=={__version__}" in bench["dependencies"]
+    assert ferry_bench.__version__ == __version__
+    dynamic = tomllib.loads((BENCH / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert dynamic["dynamic"]["version"] == {"attr": "ferry_bench.__version__"}
 
 
 def test_grpc_imports_only_base_and_grpc_dependencies() -> None:
@@ -248,22 +308,35 @@ def test_a_bench_module_missing_mid_command_is_reported_too(
 LEAN_PROCESS = """
 import importlib, pkgutil, sys
 import ferry
-sys.modules.update(dict.fromkeys({blocked!r}))  # as if the bench extra were not installed
+
+
+class Uninstalled:
+    '''Finds none of the packages blocked, as when the bench extra is not installed.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Uninstalled())
 for module in pkgutil.walk_packages(ferry.__path__, "ferry."):
-    if not module.name.startswith("ferry.bench") and module.name != "ferry.__main__":
+    if module.name != "ferry.__main__":
         importlib.import_module(module.name)
 import ferry.cli.main
 sys.exit(ferry.cli.main.main(["bench", *{argv!r}]))
 """
 
 
-def test_everything_but_bench_imports_without_the_extra() -> None:
-    """In a fresh process, where nothing has imported the extra's modules already."""
+def test_the_server_runs_without_ferry_bench_and_bench_names_it() -> None:
+    """In a fresh process, where nothing has imported ferry_bench or its dependencies: every
+    module of the server imports, and ``ferry bench ...`` says in one line what to install."""
+    blocked = ("ferry_bench", *BENCH_EXTRA_MODULES)
     run = subprocess.run(
         [
             sys.executable,
             "-c",
-            LEAN_PROCESS.format(blocked=BENCH_EXTRA_MODULES, argv=BENCH_COMMANDS["load"]),
+            LEAN_PROCESS.format(blocked=blocked, argv=BENCH_COMMANDS["load"]),
         ],
         capture_output=True,
         text=True,
@@ -272,8 +345,8 @@ def test_everything_but_bench_imports_without_the_extra() -> None:
     )
     assert run.returncode == 2, run.stderr
     assert run.stderr.splitlines() == [
-        "ferry bench load: needs the 'bench' extra: pip install 'ferry-serve[bench]' "
-        "(missing module aiohttp)"
+        f"ferry bench: ferry-bench is not installed: {INSTALL_BENCH} "
+        "(in a checkout of Ferry: pip install ./bench)"
     ]
 
 

@@ -19,7 +19,6 @@ from ferry.batching.registry import (
     PolicyKind,
     PolicyOption,
 )
-from ferry.bench.commands import limit
 from ferry.capacity.sizing import Machine
 from ferry.config.model_config import apply_overrides, parse_model_config
 from ferry.config.settings import ServerSettings
@@ -31,6 +30,7 @@ from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.runner_settings import runner_settings
 from ferry.scheduling.sequences import SequenceSettings
 from ferry.service.snapshots import ServerSnapshot, VersionSnapshot, to_properties
+from ferry_bench.commands import limit
 from tests.fixtures.fake_worker import FakeFactory, spec
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from ferry.batching.policies import AdaptivePolicy
 from ferry.batching.registry import make_policy
-from ferry.bench.arrivals import poisson_offsets
-from ferry.bench.limit import simulate
-from ferry.bench.policy_sim import FullBatchPolicy, simulate_policy
+from ferry_bench.arrivals import poisson_offsets
+from ferry_bench.limit import simulate
+from ferry_bench.policy_sim import FullBatchPolicy, simulate_policy
 
 COST_MS = {1: 10.0, 2: 12.0, 3: 14.0, 4: 16.0}
 """A curve where batching pays: 100 req/s alone, 250 req/s in fours."""

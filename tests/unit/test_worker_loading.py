@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ferry.bench import profile as profiling
 from ferry.store.archive import open_model
 from ferry.worker.loading import SHIM_ROOT, load_handler, prepare_imports
 from ferry.worker.pipeline import StagePipeline
+from ferry_bench import profile as profiling
 from tests.fixtures.models import digest_archive, ts_style_archive
 
 

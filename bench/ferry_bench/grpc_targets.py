@@ -24,14 +24,6 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from ferry.bench.target_types import (
-    REQUEST_TIMEOUT_S,
-    Answer,
-    GrpcCall,
-    NoAnswer,
-    TargetSpec,
-    UnsupportedTarget,
-)
 from ferry.errors import InvalidInput
 from ferry.grpc.generated import ferry_open_inference_pb2 as oip
 from ferry.grpc.generated import ferry_open_inference_pb2_grpc as oip_grpc
@@ -39,6 +31,14 @@ from ferry.grpc.generated import ferry_torchserve_inference_pb2 as ts_pb
 from ferry.grpc.generated import ferry_torchserve_inference_pb2_grpc as ts_grpc
 from ferry.grpc.open_inference_codec import parameter
 from ferry.protocols import v2
+from ferry_bench.target_types import (
+    REQUEST_TIMEOUT_S,
+    Answer,
+    GrpcCall,
+    NoAnswer,
+    TargetSpec,
+    UnsupportedTarget,
+)
 
 GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.OK: 200,

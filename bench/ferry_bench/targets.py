@@ -19,8 +19,8 @@ import re
 from urllib.parse import urlsplit
 
 import ferry.grpc
-from ferry.bench.http_target import HttpTarget
-from ferry.bench.target_types import GrpcCall, Target, TargetSpec, Unreachable, UnsupportedTarget
+from ferry_bench.http_target import HttpTarget
+from ferry_bench.target_types import GrpcCall, Target, TargetSpec, Unreachable, UnsupportedTarget
 
 _PREDICTIONS = re.compile(r"^/predictions/(?P<model>[^/]+)(?:/(?P<version>[^/]+))?/?$")
 _V2_INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
@@ -63,7 +63,7 @@ def open_target(spec: TargetSpec) -> Target:
         if not ferry.grpc.available():
             hint = ferry.grpc.INSTALL_HINT
             raise UnsupportedTarget(f"gRPC targets need the 'grpc' extra: {hint}")
-        from ferry.bench.grpc_targets import grpc_target
+        from ferry_bench.grpc_targets import grpc_target
 
         return grpc_target(spec, grpc_call(spec.url))
     return HttpTarget(spec)

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ferry.bench.core_use import CoreClock, CoreUse
-from ferry.bench.limit import Bounds, bounds, cost_function, simulate
-from ferry.bench.load import LoadResult, LoadSpec, run_load
-from ferry.bench.servers import ServerConfig, model_config_document, model_identity, start_server
+from ferry_bench.core_use import CoreClock, CoreUse
+from ferry_bench.limit import Bounds, bounds, cost_function, simulate
+from ferry_bench.load import LoadResult, LoadSpec, run_load
+from ferry_bench.servers import ServerConfig, model_config_document, model_identity, start_server
 
 NOOP_HANDLER = '''"""No work: one short answer per request (the round trip alone)."""
 

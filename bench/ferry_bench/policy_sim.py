@@ -1,7 +1,7 @@
 """Ferry's batch policies on a simulated clock: the same arrivals and cost curve for each,
 with no server around them.
 
-``ferry.bench.limit.simulate`` is the ideal (greedy) dispatcher. This module drives the
+``ferry_bench.limit.simulate`` is the ideal (greedy) dispatcher. This module drives the
 real policy objects of ``ferry.batching.policies`` instead, one worker, so that a
 policy's own latency can be told apart from what the server around it costs: a benchmark
 that finds a peer's p99 below Ferry's can ask whether Ferry's policy, run on the peer's
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ferry.batching.policies import BatchPolicy, CostModel, Decision, QueueState
-from ferry.bench.limit import Simulated
+from ferry_bench.limit import Simulated
 
 
 class FullBatchPolicy:
@@ -54,7 +54,7 @@ def simulate_policy(
     """One worker asking ``policy`` whenever it is free or the policy asked to be woken.
 
     ``arrivals_s`` must be sorted; ``cost_ms`` must cover 1..``batch_size``. Latencies are
-    in arrival order, plus ``round_trip_ms``, as ``ferry.bench.limit.simulate`` gives them.
+    in arrival order, plus ``round_trip_ms``, as ``ferry_bench.limit.simulate`` gives them.
     """
     if batch_size < 1 or any(b not in cost_ms for b in range(1, batch_size + 1)):
         raise ValueError("cost_ms must cover every batch size from 1 to batch_size")

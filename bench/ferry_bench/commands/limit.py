@@ -1,4 +1,4 @@
-"""``ferry bench limit``: how far a server is from the model's limit (``ferry.bench.limit_run``)."""
+"""``ferry bench limit``: how far a server is from the model's limit (``ferry_bench.limit_run``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ferry.batching.registry import BATCH_POLICIES
-from ferry.bench.commands.arguments import duration_ms, floats
+from ferry_bench.commands.arguments import duration_ms, floats
 
 HELP: str = "how far a server is from the model's limit: bounds, and an ideal dispatcher"
 DESCRIPTION: str | None = (
@@ -52,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ferry.bench.limit_report import write_limit_report
-    from ferry.bench.limit_run import LimitSpec, default_settings, echo, measure_limit
-    from ferry.bench.servers import ServerFailed
+    from ferry_bench.limit_report import write_limit_report
+    from ferry_bench.limit_run import LimitSpec, default_settings, echo, measure_limit
+    from ferry_bench.servers import ServerFailed
 
     try:
         slo_ms = duration_ms(args.slo_p99)

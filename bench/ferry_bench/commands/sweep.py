@@ -1,5 +1,5 @@
 """``ferry bench sweep``: a grid of server configurations, a fresh server each
-(``ferry.bench.sweep``)."""
+(``ferry_bench.sweep``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ferry.bench.commands.progress import Eta, row_line
+from ferry_bench.commands.progress import Eta, row_line
 
 HELP: str = "batch size x delay x workers x concurrency, a fresh server each"
 DESCRIPTION: str | None = (
@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ferry.bench.sweep import SweepSpec, run_sweep
-    from ferry.bench.sweep_report import write_sweep_reports
     from ferry.errors import ConfigError
+    from ferry_bench.sweep import SweepSpec, run_sweep
+    from ferry_bench.sweep_report import write_sweep_reports
 
     try:
         spec = SweepSpec.read(args.spec)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ferry.bench.figures import apply_scale, axis_scale, draw_warnings
+from ferry_bench.figures import apply_scale, axis_scale, draw_warnings
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

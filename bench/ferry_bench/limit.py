@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ferry.bench.stats import percentile
+from ferry_bench.stats import percentile
 
 StageCosts = Mapping[int, Mapping[str, float]]
 """Batch size -> stage name -> median ms of one batch of that size."""

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ferry.bench.figures import few_answers
-from ferry.bench.latency_plot import plot_latency_against_load
-from ferry.bench.limit_run import LimitReport, RatePoint
+from ferry_bench.figures import few_answers
+from ferry_bench.latency_plot import plot_latency_against_load
+from ferry_bench.limit_run import LimitReport, RatePoint
 
 
 def _ms(value: float | None) -> str:

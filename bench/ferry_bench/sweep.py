@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
-from ferry.bench.load import LoadSpec, run_load
-from ferry.bench.load_report import load_summary
-from ferry.bench.server_stats import Samples, histogram_delta, scrape
-from ferry.bench.servers import ServerConfig, ServerFailed, model_identity, start_server
-from ferry.bench.tune import configurations
 from ferry.errors import ConfigError
+from ferry_bench.load import LoadSpec, run_load
+from ferry_bench.load_report import load_summary
+from ferry_bench.server_stats import Samples, histogram_delta, scrape
+from ferry_bench.servers import ServerConfig, ServerFailed, model_identity, start_server
+from ferry_bench.tune import configurations
 
 SPEC_KEYS = (
     "model",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ferry.bench.profile import NOISY_SPREAD, ProfilePoint
+from ferry_bench.profile import NOISY_SPREAD, ProfilePoint
 
 COLUMNS = [
     "batch_size",

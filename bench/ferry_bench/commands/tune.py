@@ -1,4 +1,4 @@
-"""``ferry bench tune``: the highest throughput whose p99 meets an SLO (``ferry.bench.tune``);
+"""``ferry bench tune``: the highest throughput whose p99 meets an SLO (``ferry_bench.tune``);
 writes the tuned model-config.yaml."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.bench.commands.arguments import duration_ms, int_list
-from ferry.bench.commands.progress import row_line
+from ferry_bench.commands.arguments import duration_ms, int_list
+from ferry_bench.commands.progress import row_line
 
 if TYPE_CHECKING:  # the bench extra is imported when a command runs, not when it parses
-    from ferry.bench.servers import ServerConfig
-    from ferry.bench.sweep import SweepSpec
-    from ferry.bench.tune import Trial, TuneResult
-    from ferry.bench.tune_budget import Fitted, Grid, Progress
+    from ferry_bench.servers import ServerConfig
+    from ferry_bench.sweep import SweepSpec
+    from ferry_bench.tune import Trial, TuneResult
+    from ferry_bench.tune_budget import Fitted, Grid, Progress
 
 HELP: str = "highest throughput whose p99 meets an SLO; writes model-config.yaml"
 DESCRIPTION: str | None = None
@@ -77,8 +77,8 @@ class _Search:
 
 def _search(args: argparse.Namespace) -> _Search:
     """The search from the arguments; ``ValueError`` saying what is wrong."""
-    from ferry.bench.tune_budget import Grid, parse_budget
     from ferry.config.settings import available_cores
+    from ferry_bench.tune_budget import Grid, parse_budget
 
     slo_ms = duration_ms(args.slo_p99)
     workers = int_list(args.workers) if args.workers else sorted({1, available_cores()})
@@ -103,7 +103,7 @@ def _search(args: argparse.Namespace) -> _Search:
 
 def _fit(search: _Search) -> Fitted:
     """The grid thinned to the budget, its estimate printed up front."""
-    from ferry.bench.tune_budget import Costs, estimate_lines, fit_to_budget
+    from ferry_bench.tune_budget import Costs, estimate_lines, fit_to_budget
 
     fitted = fit_to_budget(search.grid, Costs(point_s=search.point_s), search.budget_s)
     for line in estimate_lines(fitted, search.budget_s):
@@ -112,7 +112,7 @@ def _fit(search: _Search) -> Fitted:
 
 
 def _warn_if_few_requests(requests: int | None) -> None:
-    from ferry.bench.tune import requests_for_percentile
+    from ferry_bench.tune import requests_for_percentile
 
     if requests is not None and requests < requests_for_percentile(99, 1):
         print(
@@ -130,7 +130,7 @@ class _Trials:
     def __init__(
         self, stack: contextlib.ExitStack, spec: SweepSpec, out: Path, progress: Progress
     ) -> None:
-        from ferry.bench.servers import model_identity
+        from ferry_bench.servers import model_identity
 
         self._stack, self._spec, self._out = stack, spec, out
         self._name, _ = model_identity(spec.model)
@@ -139,8 +139,8 @@ class _Trials:
         self.progress = progress
 
     def __call__(self, config: ServerConfig, concurrency: int) -> Trial:
-        from ferry.bench.sweep import failed_row, measure
-        from ferry.bench.tune import Trial, requests_for_percentile
+        from ferry_bench.sweep import failed_row, measure
+        from ferry_bench.tune import Trial, requests_for_percentile
 
         current, spec = self._server_for(config), self._spec
         if "failure" in current:
@@ -160,8 +160,8 @@ class _Trials:
         return trial
 
     def _server_for(self, config: ServerConfig) -> dict[str, Any]:
-        from ferry.bench.servers import ServerFailed, start_server
-        from ferry.bench.sweep import config_label, warm_up
+        from ferry_bench.servers import ServerFailed, start_server
+        from ferry_bench.sweep import config_label, warm_up
 
         current = self._current
         if current.get("config") == config:
@@ -183,10 +183,10 @@ class _Trials:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ferry.bench.servers import model_config_document
-    from ferry.bench.sweep import SweepSpec
-    from ferry.bench.tune import search
-    from ferry.bench.tune_budget import Costs, Progress, budget_notes
+    from ferry_bench.servers import model_config_document
+    from ferry_bench.sweep import SweepSpec
+    from ferry_bench.tune import search
+    from ferry_bench.tune_budget import Costs, Progress, budget_notes
 
     try:
         asked = _search(args)
@@ -234,8 +234,8 @@ def _report(
     """tune.csv, tune.png, tune.md (its warnings; with a configuration that met the SLO,
     it and the runners-up), model-config.yaml and the archive when asked; 1 when none met
     it. The warnings go on the plot as in tune.md, and are printed."""
-    from ferry.bench.sweep_report import plot_throughput_against_p99, row_warnings, write_csv
-    from ferry.bench.tune import model_config_yaml
+    from ferry_bench.sweep_report import plot_throughput_against_p99, row_warnings, write_csv
+    from ferry_bench.tune import model_config_yaml
 
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "tune.csv")
@@ -259,7 +259,7 @@ def _report(
 def _write_ranking(
     model: Path, out: Path, slo_ms: float, ranked: list[Trial], warnings: list[str]
 ) -> None:
-    from ferry.bench.sweep_report import markdown_table, warning_section
+    from ferry_bench.sweep_report import markdown_table, warning_section
 
     heading = f"# Tune: {model.name}, p99 SLO {slo_ms:g} ms\n\n{warning_section(warnings)}"
     if not ranked:
@@ -287,8 +287,8 @@ def _write_ranking(
 def _write_tuned(
     model: Path, out: Path, base_config: dict[str, Any], chosen: Trial, archive: bool
 ) -> None:
-    from ferry.bench.servers import copy_with_config, model_identity, zip_folder
-    from ferry.bench.tune import config_changes, tuned_config
+    from ferry_bench.servers import copy_with_config, model_identity, zip_folder
+    from ferry_bench.tune import config_changes, tuned_config
 
     print(f"wrote {out / 'model-config.yaml'}: the archive's configuration with")
     for line in config_changes(base_config, tuned_config(base_config, chosen.config)):

@@ -1,5 +1,5 @@
 """``ferry bench profile``: time a model's handler offline at each batch size
-(``ferry.bench.profile``)."""
+(``ferry_bench.profile``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ferry.bench.commands.arguments import int_list
+from ferry_bench.commands.arguments import int_list
 
 HELP: str = "time a model's handler offline at each batch size (no server)"
 DESCRIPTION: str | None = (
@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ferry.bench.profile import (
+    from ferry.config.sections import PRECISIONS
+    from ferry.config.settings import available_cores, threads_per_worker
+    from ferry.errors import FerryError
+    from ferry.worker.torch_setup import configure_torch
+    from ferry_bench.profile import (
         InputRejected,
         active_optimizations,
         check_inputs,
@@ -51,12 +55,8 @@ def run(args: argparse.Namespace) -> int:
         noisy,
         profile,
     )
-    from ferry.bench.profile_report import format_optimizations, format_table, write_reports
-    from ferry.bench.servers import with_precision
-    from ferry.config.sections import PRECISIONS
-    from ferry.config.settings import available_cores, threads_per_worker
-    from ferry.errors import FerryError
-    from ferry.worker.torch_setup import configure_torch
+    from ferry_bench.profile_report import format_optimizations, format_table, write_reports
+    from ferry_bench.servers import with_precision
 
     try:
         batch_sizes = int_list(args.batch_sizes) if args.batch_sizes else None

@@ -1,4 +1,4 @@
-"""``ferry bench load``: load-test a server over HTTP or gRPC (``ferry.bench.load``), with
+"""``ferry bench load``: load-test a server over HTTP or gRPC (``ferry_bench.load``), with
 the server's own figures from its metrics when it is Ferry."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ferry.bench.commands.arguments import floats
+from ferry_bench.commands.arguments import floats
 
 if TYPE_CHECKING:
-    from ferry.bench.load import LoadSpec
+    from ferry_bench.load import LoadSpec
 
 HELP: str = "load-test a server over HTTP (any REST API) or gRPC"
 DESCRIPTION: str | None = (
@@ -85,10 +85,10 @@ def _model_name(url: str) -> str | None:
 
 
 async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
-    from ferry.bench.load import run_load
-    from ferry.bench.load_report import load_summary
-    from ferry.bench.server_stats import scrape, server_figures
-    from ferry.bench.targets import check_reachable
+    from ferry_bench.load import run_load
+    from ferry_bench.load_report import load_summary
+    from ferry_bench.server_stats import scrape, server_figures
+    from ferry_bench.targets import check_reachable
 
     await check_reachable(spec.url)
     model = _model_name(spec.url)
@@ -113,7 +113,7 @@ async def _measure(spec: LoadSpec, metrics_url: str | None) -> dict[str, Any]:
 def load_specs(args: argparse.Namespace, payloads: list[bytes]) -> list[LoadSpec]:
     """One spec per offered rate (one for a closed loop or steps); ``ValueError`` says
     what is wrong with the arguments."""
-    from ferry.bench.load import LoadSpec
+    from ferry_bench.load import LoadSpec
 
     for name in ("concurrency", "requests", "duration"):
         value = getattr(args, name)
@@ -163,9 +163,9 @@ def load_specs(args: argparse.Namespace, payloads: list[bytes]) -> list[LoadSpec
 def _plot_rates(summaries: list[dict[str, Any]], path: Path, url: str, seed: int) -> None:
     """p50/p99 of successful answers per offered rate, the share shed or failed beneath,
     and the sweep's warnings on the picture."""
-    from ferry.bench.latency_plot import plot_latency_against_load
-    from ferry.bench.load_report import failure_shares, rate_warnings
-    from ferry.bench.sweep_report import conditions
+    from ferry_bench.latency_plot import plot_latency_against_load
+    from ferry_bench.load_report import failure_shares, rate_warnings
+    from ferry_bench.sweep_report import conditions
 
     plot_latency_against_load(
         {"measured": [(s["rate"], s["p50_ms"], s["p99_ms"]) for s in summaries]},
@@ -178,8 +178,8 @@ def _plot_rates(summaries: list[dict[str, Any]], path: Path, url: str, seed: int
 
 
 def run(args: argparse.Namespace) -> int:
-    from ferry.bench.load_report import format_summary, rate_table
-    from ferry.bench.target_types import Unreachable, UnsupportedTarget
+    from ferry_bench.load_report import format_summary, rate_table
+    from ferry_bench.target_types import Unreachable, UnsupportedTarget
 
     try:
         payloads = [Path(p).read_bytes() for p in args.input.split(",") if p]

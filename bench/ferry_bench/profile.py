@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ferry.bench.stats import percentile
 from ferry.handlers.builtin.optimize import Optimizations
 from ferry.handlers.contract.context import Context
 from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
 from ferry.worker import loading
+from ferry_bench.stats import percentile
 
 MIN_GAIN = 1.03
 """Automatic batch sizes stop once time per item improved by less than this, twice."""

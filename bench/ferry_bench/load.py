@@ -1,5 +1,5 @@
 """A load generator for any server with TorchServe's inference API, or an Open Inference
-Protocol endpoint, over HTTP or gRPC (``ferry.bench.targets``).
+Protocol endpoint, over HTTP or gRPC (``ferry_bench.targets``).
 
 Closed loop (``concurrency`` clients, each waiting for its answer) or open loop (Poisson
 arrivals at ``rate`` per second, answered or not), stopped after ``requests`` requests or
@@ -18,10 +18,10 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.bench.arrivals import bursty_offsets, poisson_offsets, step_offsets
-from ferry.bench.stats import percentile
-from ferry.bench.target_types import NoAnswer, Target, TargetSpec
-from ferry.bench.targets import open_target
+from ferry_bench.arrivals import bursty_offsets, poisson_offsets, step_offsets
+from ferry_bench.stats import percentile
+from ferry_bench.target_types import NoAnswer, Target, TargetSpec
+from ferry_bench.targets import open_target
 
 MAX_IN_FLIGHT = 10_000
 """Open loop: beyond this many unanswered requests, arrivals are counted as dropped."""

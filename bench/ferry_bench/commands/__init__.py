@@ -1,7 +1,7 @@
 """``ferry bench``'s subcommands, one module each: ``HELP``, ``DESCRIPTION``, ``NEEDS`` (the bench
 extra's modules it imports), ``add_arguments(parser)`` and ``run(args)`` (the exit status).
 
-``ferry.cli.bench`` lists them and adds them to the command line; a command module imports
+``ferry_bench.cli`` lists them and adds them to the command line; a command module imports
 only the standard library at the top, and the bench modules it drives inside ``run``, so the
 CLI loads without the ``bench`` extra.
 """

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.bench.figures import apply_scale, axis_scale, draw_warnings, few_answers
+from ferry_bench.figures import apply_scale, axis_scale, draw_warnings, few_answers
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

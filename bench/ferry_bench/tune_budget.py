@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from ferry.bench.servers import ServerConfig
-from ferry.bench.tune import configurations
+from ferry_bench.servers import ServerConfig
+from ferry_bench.tune import configurations
 
 Value = TypeVar("Value", int, str)
 
@@ -139,7 +139,7 @@ def estimate_lines(fitted: Fitted, budget_s: float) -> list[str]:
 
 def budget_notes(fitted: Fitted, unmeasured: list[ServerConfig], budget_s: float) -> list[str]:
     """What the budget left out, for tune.md and tune.png."""
-    from ferry.bench.sweep import config_label
+    from ferry_bench.sweep import config_label
 
     notes = []
     if fitted.dropped:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from ferry.bench.target_types import REQUEST_TIMEOUT_S, Answer, NoAnswer, TargetSpec
+from ferry_bench.target_types import REQUEST_TIMEOUT_S, Answer, NoAnswer, TargetSpec
 
 
 class HttpTarget:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ferry.bench.arrivals import step_of
-from ferry.bench.figures import few_answers
-from ferry.bench.load import LoadResult, LoadSpec, Sample
-from ferry.bench.stats import percentile
+from ferry_bench.arrivals import step_of
+from ferry_bench.figures import few_answers
+from ferry_bench.load import LoadResult, LoadSpec, Sample
+from ferry_bench.stats import percentile
 
 
 def _ms(value: float) -> float:

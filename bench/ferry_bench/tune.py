@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ferry.bench.servers import ServerConfig
+from ferry_bench.servers import ServerConfig
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,0 @@
-"""Benchmark tooling: the load generator (more commands arrive with ``ferry bench``)."""
