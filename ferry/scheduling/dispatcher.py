@@ -40,6 +40,7 @@ from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
     BatchResult,
+    ErrorKind,
     ItemResult,
     PartialResult,
     PredictBatch,
@@ -65,14 +66,6 @@ class ServeEnd(enum.Enum):
     """It died, hung or broke the protocol during a batch; its requests were handled."""
 
 
-class ErrorKind(enum.Enum):
-    """How a worker reports one request's failure (``ItemResult.error_kind``)."""
-
-    NONE = ""
-    INVALID_INPUT = "invalid_input"
-    HANDLER = "handler"
-
-
 BusyReport = Callable[[bool], None]
 """Told whether the worker is busy: False as it waits for a batch, True as it gets one."""
 
@@ -85,10 +78,9 @@ def to_outcome(
 ) -> Prediction | FerryError:
     """A worker's answer to one request, as the service's response or domain error;
     ``trace_ids``: the request's trace, for its access line."""
-    kind = ErrorKind(result.error_kind) if result.error_kind in _KINDS else ErrorKind.HANDLER
-    if kind is ErrorKind.INVALID_INPUT:
+    if result.error_kind is ErrorKind.INVALID_INPUT:
         return InvalidInput(result.message)
-    if kind is ErrorKind.HANDLER:
+    if result.error_kind is ErrorKind.HANDLER:
         status = result.status if 400 <= result.status <= 599 else None
         return HandlerFailed(result.message, status)
     return Prediction(
@@ -101,9 +93,6 @@ def to_outcome(
         result.request_id,
         trace_ids,
     )
-
-
-_KINDS = {kind.value for kind in ErrorKind}
 
 
 class Dispatcher:

@@ -1,26 +1,25 @@
-"""Binary framing and encoding of ``ferry.wire.messages``."""
+"""Binary framing of ``ferry.wire.messages``: each message's fields as its dataclass
+declares them (``ferry.wire.field_codec``), behind its tag and the protocol's version."""
 
 from __future__ import annotations
 
 import struct
+import threading
+import typing
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
+from ferry.wire.field_codec import class_codec
 from ferry.wire.messages import (
     PROTOCOL_VERSION,
     BatchResult,
     CancelRequests,
-    HandlerMetricValue,
-    InputPart,
-    ItemResult,
     Message,
     PartialResult,
     PredictBatch,
-    RequestItem,
     SpecTaken,
-    StageWindow,
     StartWorker,
     WorkerLoadFailed,
     WorkerReady,
@@ -29,124 +28,72 @@ from ferry.wire.messages import (
 FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
-_PREDICT, _RESULT, _READY, _LOAD_FAILED, _START, _PARTIAL, _CANCEL, _TAKEN = 1, 2, 3, 4, 5, 6, 7, 8
+TAGS: dict[type[Message], int] = {
+    PredictBatch: 1,
+    BatchResult: 2,
+    WorkerReady: 3,
+    WorkerLoadFailed: 4,
+    StartWorker: 5,
+    PartialResult: 6,
+    CancelRequests: 7,
+    SpecTaken: 8,
+}
+"""Each message's tag, the second value of its frame; a new message takes a new tag."""
+if set(TAGS) != set(typing.get_args(Message)):  # pragma: no cover (an import-time guard)
+    raise RuntimeError("every message of ferry.wire.messages needs a tag")
+
+_ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
+    kind: class_codec(kind, head=(PROTOCOL_VERSION, tag)).encode for kind, tag in TAGS.items()
+}
+_DECODERS: dict[int, Callable[[list[Any]], Any]] = {
+    tag: class_codec(kind, head=(PROTOCOL_VERSION, tag)).decode for kind, tag in TAGS.items()
+}
+_packers = threading.local()
+"""Each thread's ``Packer``: reusing one halves a small frame's packing time (a
+pipelined handler's stage threads stream parts, in-process workers share the process)."""
+_PACKER_KEPT_UP_TO = 1 << 20
+"""A packer's buffer starts at 1 MiB and never shrinks: one that packed a larger frame
+is dropped, not kept at that size."""
 
 
 class ProtocolError(Exception):
     """A frame that is not a message of this protocol version."""
 
 
-def _fields(message: Message) -> tuple[int, list[Any]]:
-    if isinstance(message, PredictBatch):
-        items = [
-            [
-                item.request_id,
-                item.headers,
-                [[p.name, p.content_type, p.data] for p in item.parts],
-                item.envelope,
-            ]
-            for item in message.items
-        ]
-        return _PREDICT, [message.batch_id, items, message.traceparent]
-    if isinstance(message, BatchResult):
-        results = [
-            [r.request_id, r.body, r.content_type, r.status, r.headers, r.error_kind, r.message]
-            for r in message.results
-        ]
-        metrics = [[m.name, m.value, m.unit, m.kind, m.dimensions] for m in message.metrics]
-        windows = [[w.stage, w.start_ns, w.end_ns] for w in message.stage_windows]
-        fields = [message.batch_id, results, message.handler_ms, metrics, message.stage_ms]
-        return _RESULT, [*fields, windows]
-    if isinstance(message, PartialResult):
-        m = message
-        return _PARTIAL, [m.batch_id, m.request_id, m.body, m.content_type, m.status]
-    if isinstance(message, CancelRequests):
-        return _CANCEL, [message.batch_id, message.request_ids]
-    if isinstance(message, WorkerReady):
-        footprint = [message.footprint_bytes, message.gpu_bytes]
-        shared = [message.shared_bytes, message.shared_key]
-        return _READY, [message.pid, message.device, *footprint, *shared]
-    if isinstance(message, StartWorker):
-        return _START, [message.spec]
-    if isinstance(message, SpecTaken):
-        return _TAKEN, [message.pid]
-    return _LOAD_FAILED, [message.message]
-
-
 def encode(message: Message) -> bytes:
     """The whole frame, header included."""
-    kind, fields = _fields(message)
-    payload: bytes = msgpack.packb([PROTOCOL_VERSION, kind, *fields], use_bin_type=True)
+    fields = _ENCODERS[type(message)](message)
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    payload: bytes = packer.pack(fields)  # resets itself after an error too
+    if len(payload) > _PACKER_KEPT_UP_TO:  # its buffer grew to this frame's size: let it go
+        del _packers.packer
     return FRAME_HEADER.pack(len(payload)) + payload
 
 
 def decode(payload: bytes) -> Message:
     """Decode a frame's payload (without its header)."""
     try:
-        version, kind, *fields = msgpack.unpackb(payload, raw=False)
+        values = msgpack.unpackb(payload, raw=False)
     except (ValueError, TypeError, msgpack.ExtraData) as exc:
         raise ProtocolError(f"undecodable frame: {exc}") from exc
+    if type(values) is not list or len(values) < 2:
+        raise ProtocolError("undecodable frame: not an array of a version, a tag and fields")
+    version, tag = values[0], values[1]
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
-    build = _BUILDERS.get(kind) if isinstance(kind, int) else None
+    build = _DECODERS.get(tag) if isinstance(tag, int) else None
     if build is None:
-        raise ProtocolError(f"unknown message kind {kind}")
+        raise ProtocolError(f"unknown message kind {tag}")
     try:
-        return build(fields)
+        message: Message = build(values)
     except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed message of kind {kind}: {exc}") from exc
-
-
-def _predict_batch(fields: list[Any]) -> PredictBatch:
-    batch_id, items, traceparent = fields
-    return PredictBatch(
-        batch_id,
-        [
-            RequestItem(rid, headers, [InputPart(*part) for part in parts], envelope)
-            for rid, headers, parts, envelope in items
-        ],
-        traceparent,
-    )
-
-
-def _batch_result(fields: list[Any]) -> BatchResult:
-    batch_id, results, handler_ms, metrics, stage_ms, windows = fields
-    return BatchResult(
-        batch_id,
-        [ItemResult(*r) for r in results],
-        handler_ms,
-        [HandlerMetricValue(*m) for m in metrics],
-        stage_ms,
-        [StageWindow(*window) for window in windows],
-    )
-
-
-def _cancel_requests(fields: list[Any]) -> CancelRequests:
-    batch_id, request_ids = fields
-    if not isinstance(request_ids, list):
-        raise TypeError("request_ids must be a list")
-    return CancelRequests(batch_id, request_ids)
-
-
-def _start_worker(fields: list[Any]) -> StartWorker:
-    (spec,) = fields
-    if not isinstance(spec, dict):
-        raise TypeError("the spec must be a mapping")
-    return StartWorker(spec)
-
-
-_BUILDERS: dict[int, Callable[[list[Any]], Message]] = {
-    _PREDICT: _predict_batch,
-    _RESULT: _batch_result,
-    _PARTIAL: lambda fields: PartialResult(*fields),
-    _CANCEL: _cancel_requests,
-    _READY: lambda fields: WorkerReady(*fields),
-    _LOAD_FAILED: lambda fields: WorkerLoadFailed(*fields),
-    _START: _start_worker,
-    _TAKEN: lambda fields: SpecTaken(*fields),
-}
-"""Each message kind's fields back into its message (``TypeError`` / ``ValueError`` when
-they do not fit)."""
+        raise ProtocolError(f"malformed message of kind {tag}: {exc}") from exc
+    except KeyError as exc:
+        raise ProtocolError(f"malformed message of kind {tag}: no member has {exc}") from exc
+    return message
 
 
 def frame_length(header: bytes) -> int:

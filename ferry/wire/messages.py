@@ -1,22 +1,26 @@
 """Typed messages between the frontend and a worker process.
 
-Every frame is ``[PROTOCOL_VERSION, kind, fields...]`` in msgpack behind a 4-byte
-length; request bodies travel as raw bytes, never pickled.
+Every frame is ``[PROTOCOL_VERSION, tag, fields...]`` in msgpack behind a 4-byte
+length, its fields derived from the message's dataclass (``ferry.wire.field_codec``;
+the tags in ``ferry.wire.codec``); request bodies travel as raw bytes, never pickled.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any
 
-PROTOCOL_VERSION = 8
+from ferry.wire.spec import WorkerSpec
+
+PROTOCOL_VERSION = 9
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
 5: each ``RequestItem`` carries the request envelope its protocol is read with.
 6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows.
 7: a spare process answers its spec with ``SpecTaken`` before it loads the model.
-8: ``WorkerReady`` says which weights files the worker maps, shared with its model's others."""
+8: ``WorkerReady`` says which weights files the worker maps, shared with its model's others.
+9: ``StartWorker`` carries the spec as its dataclass's fields, not a mapping."""
 
 
 DEVICE_FAILED_EXIT = 70
@@ -69,17 +73,28 @@ class StageWindow:
     end_ns: int
 
 
+class ErrorKind(enum.StrEnum):
+    """How a worker reports one request's failure (``ItemResult.error_kind``); the
+    dispatcher turns it into the domain error."""
+
+    NONE = ""
+    """Answered."""
+    INVALID_INPUT = "invalid_input"
+    """The request could not be read (``ferry.errors.InvalidInput``)."""
+    HANDLER = "handler"
+    """The handler failed on it (with the status it asked for, if any)."""
+
+
 @dataclass(frozen=True)
 class ItemResult:
-    """The answer to one request. ``error_kind`` is empty on success, else
-    ``invalid_input`` or ``handler``; ``status`` is what the handler asked for, if anything."""
+    """The answer to one request; ``status`` is what the handler asked for, if anything."""
 
     request_id: str
     body: bytes
     content_type: str
     status: int = 0
     headers: dict[str, str] = field(default_factory=dict)
-    error_kind: str = ""
+    error_kind: ErrorKind = ErrorKind.NONE
     message: str = ""
 
 
@@ -130,9 +145,9 @@ class CancelRequests:
 
 @dataclass(frozen=True)
 class StartWorker:
-    """The first frame to a new worker: its ``WorkerSpec`` as a plain mapping."""
+    """The first frame to a new worker: what it loads and how it runs."""
 
-    spec: dict[str, Any]
+    spec: WorkerSpec
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""What a worker process is started with: the first frame it reads (``StartWorker``)."""
+"""What a worker process is started with: the first frame it reads (``StartWorker``), its
+fields as the dataclass declares them (``ferry.wire.field_codec``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.config.image_limits import ImageLimits
@@ -37,21 +38,3 @@ class WorkerSpec:
     weights_keeper: str = ""
     """The Unix socket of the weights keeper it imports its weights from
     (``ferry.handlers.builtin.kept_weights``); "" for none."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, document: dict[str, Any]) -> WorkerSpec:
-        """The spec a worker reads from its first frame."""
-        fields = dict(document)
-        limits = fields.pop("image_limits", None)
-        if limits is not None:  # a mapping on the wire, its formats a list
-            fields["image_limits"] = ImageLimits(limits["max_pixels"], tuple(limits["formats"]))
-        metrics = fields.pop("model_metrics", None)
-        if metrics is not None:  # mappings on the wire, their dimensions lists
-            fields["model_metrics"] = tuple(
-                ModelMetric(m["name"], m["unit"], m["metric_type"], tuple(m["dimensions"]))
-                for m in metrics
-            )
-        return cls(**fields)

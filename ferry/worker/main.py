@@ -222,7 +222,7 @@ def read_spec(inbox: Inbox) -> WorkerSpec | None:
         return None
     if not isinstance(message, StartWorker):
         raise codec.ProtocolError(f"expected the worker spec first, got {type(message).__name__}")
-    return WorkerSpec.from_dict(message.spec)
+    return message.spec
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from ferry.handlers.contract.loader import EntryPoint
 from ferry.wire.log_forward import request_ids, trace
 from ferry.wire.messages import (
     BatchResult,
+    ErrorKind,
     HandlerMetricValue,
     ItemResult,
     PartialResult,
@@ -35,14 +36,12 @@ log = logging.getLogger("ferry.worker")
 
 def _error(item: RequestItem, exc: BaseException) -> ItemResult:
     if isinstance(exc, InvalidInput):
-        return ItemResult(item.request_id, b"", "", error_kind="invalid_input", message=str(exc))
+        return ItemResult(item.request_id, b"", "", 0, {}, ErrorKind.INVALID_INPUT, str(exc))
     if isinstance(exc, PredictionException):
-        return ItemResult(
-            item.request_id, b"", "", exc.error_code, error_kind="handler", message=exc.message
-        )
-    return ItemResult(
-        item.request_id, b"", "", error_kind="handler", message=f"{type(exc).__name__}: {exc}"
-    )
+        code = exc.error_code
+        return ItemResult(item.request_id, b"", "", code, {}, ErrorKind.HANDLER, exc.message)
+    message = f"{type(exc).__name__}: {exc}"
+    return ItemResult(item.request_id, b"", "", 0, {}, ErrorKind.HANDLER, message)
 
 
 class BatchRunner:

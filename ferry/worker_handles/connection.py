@@ -59,7 +59,7 @@ class WorkerConnection:
         """Send the spec and wait until the handler has loaded. ``taken_within``: a spare
         process must answer the spec (``SpecTaken``) within that many seconds, else
         ``SpareUnresponsive``."""
-        self._writer.write(codec.encode(StartWorker(spec.to_dict())))
+        self._writer.write(codec.encode(StartWorker(spec)))
         await self._writer.drain()
         if taken_within is not None:
             await self._spec_taken(taken_within)

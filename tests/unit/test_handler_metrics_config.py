@@ -27,6 +27,8 @@ from ferry.handlers.contract.metrics import (
     HandlerMetrics,
     MetricTypes,
 )
+from ferry.wire import codec
+from ferry.wire.messages import StartWorker
 from ferry.wire.spec import WorkerSpec
 from ferry.worker.loading import SHIM_ROOT
 from tests.fixtures.custom_metrics import write_metrics_yaml
@@ -123,11 +125,16 @@ def test_auto_detect_is_ignored_with_its_reason(
 def test_the_worker_spec_carries_the_declarations_to_the_worker(
     declared: tuple[ModelMetric, ...],
 ) -> None:
+    def received(spec: WorkerSpec) -> WorkerSpec:
+        frame = codec.encode(StartWorker(spec))
+        message = codec.decode(frame[codec.FRAME_HEADER.size :])
+        assert isinstance(message, StartWorker)
+        return message.spec
+
     spec = WorkerSpec("mnist", "/m", "h.py", {}, 1, None, {}, 1, "w0", model_metrics=declared)
-    received = WorkerSpec.from_dict(spec.to_dict())
-    assert received == spec and received.model_metrics == declared
+    assert received(spec) == spec and received(spec).model_metrics == declared
     default = WorkerSpec("mnist", "/m", "h.py", {}, 1, None, {}, 1, "w0")
-    assert WorkerSpec.from_dict(default.to_dict()).model_metrics == TORCHSERVE_MODEL_METRICS
+    assert received(default).model_metrics == TORCHSERVE_MODEL_METRICS
 
 
 # --- the handler's calls, as the custom_metrics example makes them ------------------------

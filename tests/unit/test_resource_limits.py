@@ -43,7 +43,6 @@ from ferry.store.extract import extract_tar, extract_zip
 from ferry.store.workdir import open_work_dir, sweep_stale
 from ferry.wire import codec
 from ferry.wire.messages import StartWorker
-from ferry.wire.spec import WorkerSpec
 from tests.fixtures.fake_worker import FakeFactory, load_error
 from tests.fixtures.handler_inputs import bomb_png
 from tests.fixtures.models import digest_archive
@@ -390,10 +389,8 @@ def test_the_limits_reach_the_worker_in_its_spec(store: Path) -> None:
         await service.load_startup_models()
         (spec,) = factory.specs
         assert spec.image_limits == ImageLimits(1000, ("PNG",))
-        frame = codec.encode(StartWorker(spec.to_dict()))
-        message = codec.decode(frame[codec.FRAME_HEADER.size :])
-        assert isinstance(message, StartWorker)
-        assert WorkerSpec.from_dict(message.spec) == spec
+        frame = codec.encode(StartWorker(spec))
+        assert codec.decode(frame[codec.FRAME_HEADER.size :]) == StartWorker(spec)
         await service.close()
 
     run(scenario)
