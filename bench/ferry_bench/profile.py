@@ -19,6 +19,7 @@ from ferry.handlers.builtin.optimize import Optimizations
 from ferry.handlers.contract.context import Context
 from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
+from ferry.wire.spec import WorkerSpec
 from ferry.worker import loading
 from ferry_bench.stats import percentile
 
@@ -72,15 +73,18 @@ def load_handler(source: Path, work_dir: Path, device: str) -> LoadedHandler:
     gpu = 0 if device == "cuda" else None
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available")
-    ready = loading.load_handler(
-        str(archive.model_dir),
-        archive.manifest.handler,
-        archive.manifest.document,
-        archive.config.raw,
+    spec = WorkerSpec(
+        model_name=archive.name,
+        model_dir=str(archive.model_dir),
+        handler=archive.manifest.handler,
+        manifest=archive.manifest.document,
         batch_size=1,
         gpu_id=gpu,
-        name=archive.name,
+        model_yaml_config=archive.config.raw,
+        torch_threads=1,
+        worker_id="profile",
     )
+    ready = loading.load_handler(spec, gpu_id=gpu)
     return LoadedHandler(archive, ready.context, ready.entry, ready.instance, torch.device(device))
 
 

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ferry.config.image_limits import ImageLimits
 from ferry.config.sections import shares_weights
-from ferry.config.settings import TORCHSERVE_MODEL_METRICS, ModelMetric
 from ferry.handlers.builtin.shared_weights import sharing_weights
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import EntryPoint, load_entry_point
 from ferry.handlers.torchserve import request_envelope
+from ferry.wire.spec import WorkerSpec
 from ferry.worker.compile_cache import model_compile_cache
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
 
@@ -68,46 +67,32 @@ def prepare_imports(model_dir: str, package_dirs: Sequence[str] = ()) -> None:
         sys.path.append(str(SHIM_ROOT))
 
 
-def load_handler(
-    model_dir: str,
-    handler: str,
-    manifest: dict[str, Any],
-    model_yaml_config: dict[str, Any],
-    *,
-    batch_size: int,
-    gpu_id: int | None,
-    name: str,
-    image_limits: ImageLimits | None = None,
-    package_dirs: Sequence[str] = (),
-    envelope: str = "",
-    model_metrics: Sequence[ModelMetric] = TORCHSERVE_MODEL_METRICS,
-    compile_cache: str = "",
-) -> ReadyHandler:
-    """Import, instantiate and initialise ``handler`` (the manifest's handler string).
-    ``model_metrics`` are the metrics the handler finds declared (the server's
-    metrics_config; TorchServe's default ones without it); ``compile_cache`` is the
-    folder the model's workers share for ``torch.compile`` (``ferry.worker.compile_cache``;
-    "" for none)."""
-    prepare_imports(model_dir, package_dirs)
+def load_handler(spec: WorkerSpec, *, gpu_id: int | None) -> ReadyHandler:
+    """Import, instantiate and initialise the handler ``spec`` names (the manifest's
+    handler string), with the ``Context`` TorchServe's handlers expect built from it.
+    ``gpu_id`` is the GPU as this process sees it (``spec.gpu_id`` is the server's index:
+    a worker bound to its GPU sees it as 0, ``ferry.wire.environment.handler_gpu``)."""
+    prepare_imports(spec.model_dir, spec.package_dirs)
     context = Context(
-        name,
-        model_dir,
-        manifest,
-        batch_size,
+        spec.model_name,
+        spec.model_dir,
+        spec.manifest,
+        spec.batch_size,
         gpu_id,
-        model_yaml_config=model_yaml_config,
-        image_limits=image_limits,
-        model_metrics=model_metrics,
+        model_yaml_config=spec.model_yaml_config,
+        image_limits=spec.image_limits,
+        model_metrics=spec.model_metrics,
     )
-    shared = Path(compile_cache) if compile_cache and shares_weights(model_yaml_config) else None
-    with model_compile_cache(compile_cache, gpu_id, model_yaml_config), sharing_weights(shared):
-        entry = load_entry_point(handler, context)
+    config, cache = spec.model_yaml_config, spec.compile_cache
+    shared = Path(cache) if cache and shares_weights(config) else None
+    with model_compile_cache(cache, gpu_id, config), sharing_weights(shared):
+        entry = load_entry_point(spec.handler, context)
     ready = ReadyHandler(entry, context, getattr(entry, "__self__", None))
-    _add_pipeline(ready, model_yaml_config)
-    if not envelope and reads_envelopes(ready.instance):
+    _add_pipeline(ready, config)
+    if not spec.envelope and reads_envelopes(ready.instance):
         ready.request_envelopes = request_envelope.PerRequestEnvelopes(ready.entry)
     # Outermost, as TorchServe wraps the handler's entry point in it.
-    ready.entry = request_envelope.wrap(ready.entry, envelope)
+    ready.entry = request_envelope.wrap(ready.entry, spec.envelope)
     return ready
 
 

@@ -74,20 +74,7 @@ class FrameSender:
 
 def _load(spec: WorkerSpec, send: FrameSender) -> tuple[ReadyHandler, BatchRunner, str]:
     """The loaded handler, the batch runner over it, and the device the handler chose."""
-    ready = load_handler(
-        spec.model_dir,
-        spec.handler,
-        spec.manifest,
-        spec.model_yaml_config,
-        batch_size=spec.batch_size,
-        gpu_id=handler_gpu(spec.gpu_id, os.environ),
-        name=spec.model_name,
-        image_limits=spec.image_limits,
-        package_dirs=spec.package_dirs,
-        envelope=spec.envelope,
-        model_metrics=spec.model_metrics,
-        compile_cache=spec.compile_cache,
-    )
+    ready = load_handler(spec, gpu_id=handler_gpu(spec.gpu_id, os.environ))
     return_freed_memory()
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
     return ready, runner, _chosen_device(ready.instance, spec)
