@@ -126,6 +126,12 @@ def main() -> None:
             "each, alternating which goes first. Produced by `benchmarks/pipeline_benchmark.py` "
             "in one run.",
             "",
+            "Each JPEG is decoded whole, as TorchServe's handlers decode it (the default since "
+            "2026-11-26, for inputs equal to TorchServe's); `draft_decode: true` decodes large "
+            "JPEGs at a reduced scale, about 1.8x as fast end to end on these photos "
+            "([draft_decode.md](draft_decode.md)). Pages before that date measured draft "
+            "decoding.",
+            "",
             "| stages | median images/s |",
             "|---|---|",
             f"| sequential | {med(figures['sequential']):.1f} |",
