@@ -132,7 +132,10 @@ class ModelAlreadyExists(FerryError):
 
 
 class ModelLoadFailed(FerryError):
-    pass
+    def __init__(self, message: str, *, out_of_memory: bool = False) -> None:
+        super().__init__(message)
+        self.out_of_memory = out_of_memory
+        """Every worker that failed ran out of memory while loading."""
 
 
 class InsufficientMemory(FerryError):

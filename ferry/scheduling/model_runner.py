@@ -26,6 +26,7 @@ from ferry.scheduling.pool import (
     SlotState,
     WorkerPool,
     WorkerSlot,
+    ran_out_of_memory,
 )
 from ferry.scheduling.sequences import (
     SequenceBook,
@@ -319,7 +320,8 @@ class ModelRunner:
             reason = failed[0].last_error or "worker did not start"
             raise ModelLoadFailed(
                 f"{len(failed)} of {len(new)} new workers of model {self.name} failed to start: "
-                f"{reason}"
+                f"{reason}",
+                out_of_memory=ran_out_of_memory(failed),
             )
         tasks = [slot.task for slot in retired if slot.task is not None]
         # Slots retired while loading were cancelled: their CancelledError is not ours.

@@ -22,7 +22,12 @@ from ferry.procinfo import resident_bytes
 from ferry.scheduling.dispatcher import Dispatcher, ServeEnd
 from ferry.scheduling.lanes import RecycleCheck
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.handle import WorkerFactory, WorkerHandle, WorkerStartFailed
+from ferry.worker_handles.handle import (
+    StartFailure,
+    WorkerFactory,
+    WorkerHandle,
+    WorkerStartFailed,
+)
 
 log = logging.getLogger("ferry.scheduling")
 
@@ -94,6 +99,8 @@ class WorkerSlot:
     recycles: int = 0
     last_error: str = ""
     """Why its last worker failed to load or died; kept once it is running again."""
+    last_failure: StartFailure | None = None
+    """How its last start failed; None once a worker came up."""
     load_failures: int = 0
     """Deterministic load failures in a row."""
     gave_up: bool = False
@@ -288,7 +295,7 @@ class WorkerPool:
     def _on_ready(self, slot: WorkerSlot, worker: WorkerHandle, seconds: float) -> None:
         self._events.worker_loaded(slot.index, seconds)
         slot.worker, slot.state, slot.ready_since = worker, SlotState.READY, time.time()
-        slot.load_failures = 0
+        slot.load_failures, slot.last_failure = 0, None
         slot.first_attempt.set()
         info = worker.info
         where = f"{info.device}, shared process" if info.shared else info.device
@@ -314,6 +321,7 @@ class WorkerPool:
 
     def _on_start_failed(self, slot: WorkerSlot, failure: WorkerStartFailed) -> None:
         slot.state, slot.last_error = SlotState.FAILED, failure.message
+        slot.last_failure = failure.kind
         slot.restarts += 1
         self._events.worker_restarted()
         if failure.kind.deterministic:
@@ -341,3 +349,8 @@ class WorkerPool:
 
 def _finished(slot: WorkerSlot) -> bool:
     return slot.task is None or slot.task.done()
+
+
+def ran_out_of_memory(slots: list[WorkerSlot]) -> bool:
+    """Whether every one of ``slots`` failed its last start for want of memory."""
+    return bool(slots) and all(s.last_failure is StartFailure.OUT_OF_MEMORY for s in slots)

@@ -23,6 +23,7 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
+from ferry.scheduling.pool import ran_out_of_memory
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
 from ferry.scheduling.residency import Residency, ResidencyEvents
 from ferry.scheduling.runner_settings import runner_settings
@@ -186,13 +187,17 @@ class ModelLifecycle:
         if not runner.slots or runner.ready_workers > 0:
             return
         reasons = "; ".join(sorted({slot.last_error for slot in runner.slots}))
+        out_of_memory = ran_out_of_memory(runner.slots)
         with contextlib.suppress(FerryError):
             if self.registry.get(archive.name, archive.version) is entry:
                 self.registry.remove(archive.name, archive.version)
         await runner.stop()
         await asyncio.to_thread(archive.free)  # its workers are gone
         self.metrics.forget_model(archive.name, archive.version)
-        raise ModelLoadFailed(f"Model {archive.name} v{archive.version} failed to load: {reasons}")
+        raise ModelLoadFailed(
+            f"Model {archive.name} v{archive.version} failed to load: {reasons}",
+            out_of_memory=out_of_memory,
+        )
 
     # --- start-up ------------------------------------------------------------------------
 

@@ -51,6 +51,11 @@ async def load(
                 f"Model {name} failed to load ({error}) and the OOM killer killed a process "
                 "of this container meanwhile: unload a model and load it again"
             ) from error
+        if isinstance(error, ModelLoadFailed) and error.out_of_memory:
+            raise InsufficientMemory(
+                f"Model {name} ran out of memory while loading ({error}): unload a model and "
+                "load it again"
+            ) from error
         if isinstance(error, FerryError):
             raise
         raise ModelLoadFailed(f"Model {name} failed to load: {error}") from error

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ferry.wire.spec import WorkerSpec
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
@@ -169,6 +169,9 @@ class WorkerReady:
 @dataclass(frozen=True)
 class WorkerLoadFailed:
     message: str
+    out_of_memory: bool = False
+    """The load ran out of memory (``MemoryError``, torch's ``OutOfMemoryError``): the
+    frontend reports it as such (SageMaker's multi-model loads answer 507)."""
 
 
 @dataclass(frozen=True)

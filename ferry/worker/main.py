@@ -134,7 +134,7 @@ def serve(
             ready, runner, device, footprint = handler_thread(load)
     except Exception as exc:
         log.exception("handler failed to load")
-        send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}"))
+        send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}", out_of_memory(exc)))
         return 1
     if (written := _wrote_shared_weights()) is not None:
         send(
@@ -248,6 +248,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is running out of host or GPU
+    memory (``MemoryError``; torch's ``OutOfMemoryError``, CUDA's included)."""
+    import torch
+
+    kinds = (MemoryError, *([torch.OutOfMemoryError] if hasattr(torch, "OutOfMemoryError") else []))
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 if __name__ == "__main__":

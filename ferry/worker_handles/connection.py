@@ -65,7 +65,8 @@ class WorkerConnection:
             await self._spec_taken(taken_within)
         message = await self._receive()
         if isinstance(message, WorkerLoadFailed):
-            raise WorkerStartFailed(StartFailure.LOAD_ERROR, message.message)
+            kind = StartFailure.OUT_OF_MEMORY if message.out_of_memory else StartFailure.LOAD_ERROR
+            raise WorkerStartFailed(kind, message.message)
         if not isinstance(message, WorkerReady):
             raise codec.ProtocolError(f"unexpected first message {type(message).__name__}")
         self.device = message.device

@@ -36,6 +36,15 @@ class StartFailure(enum.Enum):
     """The process could not be started at all (an ``OSError``)."""
     PROTOCOL = "protocol"
     """It answered something that is not this protocol (a mismatched Ferry version)."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """The handler ran out of memory while loading: another try may fit once memory is
+    freed (SageMaker evicts a model and loads again on a 507)."""
+
+    @property
+    def load_ended(self) -> bool:
+        """The worker reported the failure itself: its load is over (a host's thread that
+        ran it has ended)."""
+        return self in (StartFailure.LOAD_ERROR, StartFailure.OUT_OF_MEMORY)
 
     @property
     def deterministic(self) -> bool:

@@ -168,7 +168,7 @@ class HostProcess:
             await asyncio.wait_for(worker._handshake(spec), timeout)
         except BaseException as exc:
             failure = start_failure(exc)
-            if isinstance(failure, WorkerStartFailed) and failure.kind is StartFailure.LOAD_ERROR:
+            if isinstance(failure, WorkerStartFailed) and failure.kind.load_ended:
                 worker.loaded = True  # its thread has ended: closing lets it go
             if isinstance(exc, asyncio.CancelledError):
                 # Not wanted any more (scaled away, unregistered): its thread finishes the

@@ -19,6 +19,7 @@ from PIL import Image
 
 from tests.fixtures.sagemaker_models import (
     functions_model,
+    hungry_model,
     load_source,
     mnist_model,
     model_tar_gz,
@@ -45,6 +46,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mnist_model(models / "mnist" / "model")
     functions_model(models / "functions" / "model")
     transform_model(models / "transform" / "model")
+    hungry_model(models / "hungry" / "model")
     return ml
 
 
@@ -199,3 +201,18 @@ def test_a_model_that_cannot_fit_the_memory_budget_is_507_and_not_kept(tmp_path:
     assert "does not fit the model memory budget (1 MiB)" in refused.json()["message"]
     assert listed == {"models": []}
     assert invoked.status_code == 404
+
+
+def test_a_model_that_runs_out_of_memory_as_it_loads_is_507_and_not_kept(
+    server: RunningServer, base: Path
+) -> None:
+    """SageMaker evicts a model and retries on 507; a 500 would fail the load for good."""
+    with server.client() as client:
+        refused = _load(client, "hungry", base / "models" / "hungry" / "model")
+        listed = client.get("/models").json()["models"]
+    assert refused.status_code == 507, server.log()
+    assert refused.json()["type"] == "InsufficientMemoryException"
+    assert "ran out of memory while loading" in refused.json()["message"]
+    # The handler's own error, raised from the MemoryError it wraps, is what it said.
+    assert "RuntimeError: loading the weights failed" in refused.json()["message"]
+    assert all(model["modelName"] != "hungry" for model in listed)

@@ -17,7 +17,7 @@ from ferry.config.settings import ServerSettings
 from ferry.errors import InsufficientMemory, ModelAlreadyExists, ModelLoadFailed
 from ferry.service import FerryService, multi_model
 from ferry.wire.spec import WorkerSpec
-from ferry.worker_handles.handle import WorkerInfo
+from ferry.worker_handles.handle import StartFailure, WorkerInfo, WorkerStartFailed
 from tests.fixtures.fake_worker import Behaviour, FakeWorker, exited_while_loading, load_error
 from tests.fixtures.models import digest_archive
 from tests.fixtures.sagemaker_models import weights_model
@@ -183,3 +183,21 @@ def test_the_oom_kill_count_is_read_from_the_containers_cgroup(tmp_path: Path) -
     assert procinfo.oom_kills((missing, v2, v1)) == 2
     assert procinfo.oom_kills((missing, v1)) == 7
     assert procinfo.oom_kills((missing,)) is None
+
+
+class OutOfMemory:
+    """Fake workers whose handler runs out of memory while loading."""
+
+    async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
+        raise WorkerStartFailed(StartFailure.OUT_OF_MEMORY, "MemoryError: 64 GiB")
+
+
+def test_a_handler_that_runs_out_of_memory_while_loading_is_a_507(store: Path) -> None:
+    async def scenario() -> None:
+        service = _service(store, OutOfMemory(), budget_mb=0)  # type: ignore[arg-type]
+        with pytest.raises(InsufficientMemory, match="ran out of memory while loading"):
+            await multi_model.load(service, "a", "a.mar", oom_kills=lambda: 0)
+        assert service.model_names() == []
+        await service.close()
+
+    run(scenario)

@@ -23,6 +23,7 @@ from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import Prediction
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES, Backoff, RecyclePolicy, SlotState
+from ferry.worker_handles.handle import StartFailure, WorkerStartFailed
 from tests.fixtures.fake_worker import (
     Behaviour,
     FakeFactory,
@@ -682,6 +683,22 @@ def test_a_model_loaded_on_demand_is_not_served_out_when_evicted_but_loads_again
         answered = [job for job in jobs if job.future.done()]
         assert len(answered) == len(worker.batches) < len(jobs)  # only what it held
         assert wanted == ["m v1.0"]  # the rest brings a load
+        await runner.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("out_of_memory", [True, False])
+def test_a_scale_up_whose_workers_ran_out_of_memory_says_so(out_of_memory: bool) -> None:
+    async def scenario() -> None:
+        kind = StartFailure.OUT_OF_MEMORY if out_of_memory else StartFailure.LOAD_ERROR
+        factory = FakeFactory(Behaviour.ECHO, WorkerStartFailed(kind, "MemoryError: 64 GiB"))
+        runner = runner_with(factory)
+        runner.start()
+        await runner.wait_started()
+        with pytest.raises(ModelLoadFailed, match="MemoryError") as failed:
+            await runner.scale(2, 2, wait=True)
+        assert failed.value.out_of_memory is out_of_memory
         await runner.stop()
 
     run(scenario)
