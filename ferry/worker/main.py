@@ -119,6 +119,26 @@ def serve(
     ``handler_thread``: where the handler's code runs (a process hosting several models
     runs all of theirs on one thread: ``ferry.worker.host``)."""
     send = FrameSender(sock)
+    loaded = _load_and_report(spec, send, place_helpers, loading, handler_thread)
+    if loaded is None:
+        return 1
+    ready, runner = loaded
+    try:
+        return _answer_batches(inbox, runner, send, handler_thread)
+    finally:
+        if unload:
+            handler_thread(ready.close)
+
+
+def _load_and_report(
+    spec: WorkerSpec,
+    send: FrameSender,
+    place_helpers: bool,
+    loading: contextlib.AbstractContextManager[object] | None,
+    handler_thread: HandlerThread,
+) -> tuple[ReadyHandler, BatchRunner] | None:
+    """Load the handler and tell the frontend: ``WorkerReady`` with what the load
+    measured, or ``WorkerLoadFailed`` (then None)."""
 
     def load() -> tuple[ReadyHandler, BatchRunner, str, Footprint]:
         threads_before = threads_before_load() if place_helpers else None
@@ -135,30 +155,18 @@ def serve(
     except Exception as exc:
         log.exception("handler failed to load")
         send(WorkerLoadFailed(f"{type(exc).__name__}: {exc}", out_of_memory(exc)))
-        return 1
+        return None
     if (written := _wrote_shared_weights()) is not None:
-        send(
-            WorkerLoadFailed(
-                f"the handler wrote into the weights its model's workers share "
-                f"({written}): set optimization.weights_keeper off for it"
-            )
+        message = (
+            f"the handler wrote into the weights its model's workers share ({written}): "
+            "set optimization.weights_keeper off for it"
         )
-        return 1
-    send(
-        WorkerReady(
-            os.getpid(),
-            device,
-            footprint.resident_bytes,
-            footprint.gpu_bytes,
-            footprint.shared_bytes,
-            footprint.shared_key,
-        )
-    )
-    try:
-        return _answer_batches(inbox, runner, send, handler_thread)
-    finally:
-        if unload:
-            handler_thread(ready.close)
+        send(WorkerLoadFailed(message))
+        return None
+    measured = (footprint.resident_bytes, footprint.gpu_bytes)
+    shared = (footprint.shared_bytes, footprint.shared_key)
+    send(WorkerReady(os.getpid(), device, *measured, *shared))
+    return ready, runner
 
 
 def _answer_batches(

@@ -197,22 +197,7 @@ class BatchRunner:
                 log.info("batch of %d stopped: %s", len(items), exc)
                 return [_error(item, exc) for item in items]
             except Exception as exc:
-                if self._device_failed(exc):  # every call would fail now: no retries
-                    return [_error(item, self._replaced(exc)) for item in items]
-                if isolate_on_error and len(items) > 1:
-                    # One bad request must not fail its neighbours: retry each alone (but
-                    # not one that already streamed parts: its client has them).
-                    log.warning(
-                        "batch of %d failed (%s); retrying requests one by one", len(items), exc
-                    )
-                    return [
-                        _error(item, exc)
-                        if item.request_id in self._streamed
-                        else self._run_items([item], isolate_on_error=False)[0]
-                        for item in items
-                    ]
-                log.exception("handler failed")
-                return [_error(item, exc) for item in items]
+                return self._after_failure(exc, items, isolate_on_error)
         if not isinstance(outputs, list) or len(outputs) != len(items):
             count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
             message = f"handler returned {count} results for a batch of {len(items)} requests"
@@ -221,6 +206,25 @@ class BatchRunner:
             self._encode(index, item, out)
             for index, (item, out) in enumerate(zip(items, outputs, strict=True))
         ]
+
+    def _after_failure(
+        self, exc: Exception, items: list[RequestItem], isolate_on_error: bool
+    ) -> list[ItemResult]:
+        """The results of a batch whose handler raised ``exc``."""
+        if self._device_failed(exc):  # every call would fail now: no retries
+            return [_error(item, self._replaced(exc)) for item in items]
+        if isolate_on_error and len(items) > 1:
+            # One bad request must not fail its neighbours: retry each alone (but not one
+            # that already streamed parts: its client has them).
+            log.warning("batch of %d failed (%s); retrying requests one by one", len(items), exc)
+            return [
+                _error(item, exc)
+                if item.request_id in self._streamed
+                else self._run_items([item], isolate_on_error=False)[0]
+                for item in items
+            ]
+        log.exception("handler failed")
+        return [_error(item, exc) for item in items]
 
     def _device_failed(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a sticky GPU error; the first one is kept for the worker."""
