@@ -160,8 +160,8 @@ def test_the_server_imports_only_base_dependencies() -> None:
 
 
 def test_the_server_package_holds_no_bench_code() -> None:
-    """ferry_bench lives in bench/, ferry-bench's; the server's package finds it, if it is
-    installed, only where ``ferry bench`` is added to the command line (guarded there)."""
+    """ferry_bench lives in bench/, ferry-bench's; the server's package never imports it:
+    ``ferry bench`` finds its commands by the entry point ferry-bench declares."""
     assert not (PACKAGE / "bench").exists()
     assert (BENCH / "ferry_bench" / "cli.py").is_file()
     importing = [
@@ -169,7 +169,9 @@ def test_the_server_package_holds_no_bench_code() -> None:
         for path in _package_files()
         if any(module == "ferry_bench" for module, _, _ in third_party_imports(path, SERVER))
     ]
-    assert importing == ["ferry/cli/bench.py"]
+    assert importing == []
+    entry_points = _project(BENCH)["entry-points"]["ferry.commands"]
+    assert entry_points == {"bench": "ferry_bench.cli:add_parser"}
     assert _packaged(ROOT, ["ferry", "ferry.cli", "ferry_bench", "ferry_bench.cli"]) == [
         "ferry",
         "ferry.cli",
