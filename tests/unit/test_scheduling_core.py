@@ -23,7 +23,7 @@ from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import Prediction
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES, Backoff, RecyclePolicy, SlotState
-from ferry.worker_handles.handle import StartFailure, WorkerStartFailed
+from ferry.worker_handles.handle import StartFailure, WorkerFactory, WorkerStartFailed
 from tests.fixtures.fake_worker import (
     Behaviour,
     FakeFactory,
@@ -51,7 +51,7 @@ def settings(**overrides: Any) -> RunnerSettings:
     return RunnerSettings(**{**values, **overrides})
 
 
-def runner_with(factory: FakeFactory, **overrides: Any) -> ModelRunner:
+def runner_with(factory: WorkerFactory, **overrides: Any) -> ModelRunner:
     return ModelRunner(
         "m",
         "1.0",
@@ -290,15 +290,7 @@ def test_a_synchronous_scale_waits_for_workers_an_earlier_scale_is_still_loading
             await loading.wait()
             return await factory(worker_spec, timeout)
 
-        runner = ModelRunner(
-            "m",
-            "1.0",
-            spec(),
-            settings(workers=0),
-            slow_start,
-            FerryMetrics().for_model("m", "1.0"),
-            backoff=lambda: Backoff(first=0.0, cap=0.0),
-        )
+        runner = runner_with(slow_start, workers=0)
         runner.start()
         await runner.scale(1, 1, wait=False)
         synchronous = asyncio.ensure_future(runner.scale(1, 1, wait=True))
@@ -329,15 +321,7 @@ def test_a_worker_retired_while_loading_stops_loading_at_once() -> None:
                 cancelled.set()
                 raise
 
-        runner = ModelRunner(
-            "m",
-            "1.0",
-            spec(),
-            settings(workers=0),
-            never_loads,
-            FerryMetrics().for_model("m", "1.0"),
-            backoff=lambda: Backoff(first=0.0, cap=0.0),
-        )
+        runner = runner_with(never_loads, workers=0)
         runner.start()
         await runner.scale(1, 1, wait=False)
         await loading.wait()
@@ -635,15 +619,7 @@ def test_requests_queued_for_a_worker_retired_while_loading_are_answered() -> No
             loading.set()
             await asyncio.get_running_loop().create_future()
 
-        runner = ModelRunner(
-            "m",
-            "1.0",
-            spec(),
-            settings(workers=0),
-            never_loads,
-            FerryMetrics().for_model("m", "1.0"),
-            backoff=lambda: Backoff(first=0.0, cap=0.0),
-        )
+        runner = runner_with(never_loads, workers=0)
         runner.start()
         await runner.scale(1, 1, wait=False)
         await loading.wait()
