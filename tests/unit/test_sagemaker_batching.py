@@ -7,38 +7,29 @@ import dataclasses
 import doctest
 import io
 import json
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 
 from ferry.handlers.contract.context import Context
 from ferry.handlers.sagemaker import batching
 from ferry.handlers.sagemaker.functions import with_default_transform
 from ferry.handlers.sagemaker.handler import SageMakerHandler
+from tests.fixtures.sagemaker_handlers import (  # noqa: F401 (an autouse fixture)
+    fresh_inference_module,
+    loaded_handler,
+)
 from tests.fixtures.sagemaker_models import mnist_model, transform_model
 
 JSON = {"content-type": "application/json"}
 NPY = {"content-type": "application/x-npy", "accept": "application/x-npy"}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_inference_module() -> Iterator[None]:
-    before = list(sys.path)
-    yield
-    sys.modules.pop("inference", None)
-    sys.path[:] = before
-
-
 def _loaded(folder: Path) -> tuple[SageMakerHandler, Context]:
-    context = Context("model", str(folder), {}, batch_size=8, gpu=None)
-    handler = SageMakerHandler()
-    handler.initialize(context)
-    return handler, context
+    return loaded_handler(folder, batch_size=8)
 
 
 def _run(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,10 @@ import torch
 from ferry.handlers.contract.context import Context
 from ferry.handlers.sagemaker.handler import SageMakerHandler
 from ferry.store.manifest import Manifest
+from tests.fixtures.sagemaker_handlers import (  # noqa: F401 (an autouse fixture)
+    fresh_inference_module,
+    loaded_handler,
+)
 from tests.fixtures.sagemaker_models import (
     functions_model,
     mnist_model,
@@ -25,19 +28,8 @@ from tests.fixtures.sagemaker_models import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _fresh_inference_module() -> Iterator[None]:
-    before = list(sys.path)
-    yield
-    sys.modules.pop("inference", None)
-    sys.path[:] = before
-
-
 def _loaded(folder: Path) -> tuple[SageMakerHandler, Context]:
-    context = Context("model", str(folder), {}, batch_size=4, gpu=None)
-    handler = SageMakerHandler()
-    handler.initialize(context)
-    return handler, context
+    return loaded_handler(folder, batch_size=4)
 
 
 def _run(
