@@ -25,7 +25,7 @@ from ferry.config.settings import available_cores
 from ferry.handlers.contract.context import Context
 from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, write_archive
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec
 from ferry.worker.loading import load_handler
 from ferry_bench.load import LoadResult, LoadSpec, run_load
 
@@ -131,16 +131,13 @@ def offline_handler(store: Path, archive: str, batch_size: int) -> tuple[Any, Co
     """
     folder = Path(tempfile.mkdtemp(prefix="offline-"))
     opened = open_model(store, archive, folder)
-    spec = WorkerSpec(
+    spec = HandlerSpec(
         model_name="offline",
         model_dir=str(opened.model_dir),
         handler=opened.manifest.handler,
         manifest=opened.manifest.document,
         batch_size=batch_size,
-        gpu_id=None,
         model_yaml_config=opened.config.raw,
-        torch_threads=1,
-        worker_id="offline",
     )
     ready = load_handler(spec, gpu_id=None)
     return ready.entry, ready.context

@@ -19,7 +19,7 @@ from ferry.handlers.builtin.optimize import Optimizations
 from ferry.handlers.contract.context import Context
 from ferry.procinfo import resident_bytes
 from ferry.store.archive import ModelArchive, open_model
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec
 from ferry.worker import loading
 from ferry_bench.stats import percentile
 
@@ -73,16 +73,13 @@ def load_handler(source: Path, work_dir: Path, device: str) -> LoadedHandler:
     gpu = 0 if device == "cuda" else None
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available")
-    spec = WorkerSpec(
+    spec = HandlerSpec(
         model_name=archive.name,
         model_dir=str(archive.model_dir),
         handler=archive.manifest.handler,
         manifest=archive.manifest.document,
         batch_size=1,
-        gpu_id=gpu,
         model_yaml_config=archive.config.raw,
-        torch_threads=1,
-        worker_id="profile",
     )
     ready = loading.load_handler(spec, gpu_id=gpu)
     return LoadedHandler(archive, ready.context, ready.entry, ready.instance, torch.device(device))

@@ -1,7 +1,7 @@
 """What the built-in vision handlers agree to decode, judged from an image's header alone.
 
 Pure data: the frontend builds it from the settings (``limit_max_image_pixels``,
-``allowed_image_formats``) and each worker gets it in its ``WorkerSpec``; the handlers'
+``allowed_image_formats``) and each worker gets it in its ``HandlerSpec``; the handlers'
 decoding (``ferry.handlers.builtin.vision``) asks ``refusal`` before decoding a pixel.
 """
 

@@ -12,7 +12,7 @@ from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
 from ferry.store.archive import ModelArchive
 from ferry.suggest import close_matches
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 from ferry.worker_handles.handle import WorkerFactory
 
 
@@ -36,24 +36,34 @@ class ModelVersion:
         """The version with its runner, whose workers (not started yet) run the archive's
         handler as ``settings`` and the server's image and envelope settings say."""
         spec = WorkerSpec(
-            model_name=archive.name,
-            model_dir=str(archive.model_dir),
-            handler=archive.manifest.handler,
-            manifest=archive.manifest.document,
-            batch_size=settings.batch_size,
+            model=_handler_spec(archive, settings, server),
             gpu_id=None,
-            model_yaml_config=archive.config.raw,
             torch_threads=settings.torch_threads,
             worker_id="w0",
-            image_limits=ImageLimits(server.limit_max_image_pixels, server.allowed_image_formats),
-            package_dirs=[str(archive.packages)] if archive.packages else [],
-            envelope=server.service_envelope,
-            model_metrics=server.model_metrics,
             process_group=settings.process_group,
-            compile_cache=str(archive.compile_cache) if archive.compile_cache else "",
         )
         runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
         return cls(archive, runner, at_startup)
+
+
+def _handler_spec(
+    archive: ModelArchive, settings: RunnerSettings, server: ServerSettings
+) -> HandlerSpec:
+    """The archive's handler as its workers load it, with the server's image, envelope
+    and metrics settings."""
+    return HandlerSpec(
+        model_name=archive.name,
+        model_dir=str(archive.model_dir),
+        handler=archive.manifest.handler,
+        manifest=archive.manifest.document,
+        batch_size=settings.batch_size,
+        model_yaml_config=archive.config.raw,
+        image_limits=ImageLimits(server.limit_max_image_pixels, server.allowed_image_formats),
+        package_dirs=[str(archive.packages)] if archive.packages else [],
+        envelope=server.service_envelope,
+        model_metrics=server.model_metrics,
+        compile_cache=str(archive.compile_cache) if archive.compile_cache else "",
+    )
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ferry.wire.spec import WorkerSpec
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 """2: the worker gets its spec as the first frame (``StartWorker``), not on its command line.
 3: a worker may send ``PartialResult`` frames before a batch's ``BatchResult``.
 4: the frontend may send ``CancelRequests`` while a batch runs.
@@ -20,7 +20,9 @@ PROTOCOL_VERSION = 10
 6: a ``PredictBatch`` carries its trace context, a ``BatchResult`` its stages' windows.
 7: a spare process answers its spec with ``SpecTaken`` before it loads the model.
 8: ``WorkerReady`` says which weights files the worker maps, shared with its model's others.
-9: ``StartWorker`` carries the spec as its dataclass's fields, not a mapping."""
+9: ``StartWorker`` carries the spec as its dataclass's fields, not a mapping.
+10: ``WorkerLoadFailed`` says whether the load ran out of memory.
+11: ``StartWorker``'s spec holds the handler's part whole (``HandlerSpec``)."""
 
 
 DEVICE_FAILED_EXIT = 70

@@ -33,7 +33,7 @@ from typing import TypeVar
 
 from ferry.wire import log_forward
 from ferry.wire.messages import DEVICE_FAILED_EXIT, HOST_READY
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 from ferry.worker.inbox import Inbox
 from ferry.worker.lifetime import die_with_parent, ignore_interrupts
 from ferry.worker.main import read_spec, serve
@@ -60,7 +60,7 @@ def on_the_handler_thread(work: Callable[[], T]) -> T:
 
 
 @contextlib.contextmanager
-def loading_alone(spec: WorkerSpec) -> Iterator[None]:
+def loading_alone(spec: HandlerSpec) -> Iterator[None]:
     """One load at a time; the modules it imported from the model's folder are forgotten
     afterwards (and the folder leaves ``sys.path``), so that neighbours with files of the
     same name each import their own. Its installed packages (``package_dirs``) stay
@@ -90,12 +90,12 @@ def host_model(fd: int) -> None:
         if spec is None:
             return
         status = 0
-        with log_forward.source(f"{spec.model_name} {spec.worker_id}"), _let_go(spec):
+        with log_forward.source(f"{spec.model.model_name} {spec.worker_id}"), _let_go(spec):
             status = serve(
                 sock,
                 inbox,
                 spec,
-                loading=loading_alone(spec),
+                loading=loading_alone(spec.model),
                 unload=True,
                 handler_thread=on_the_handler_thread,
             )
@@ -116,7 +116,7 @@ def _let_go(spec: WorkerSpec) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        log.info("%s let go while loading (%s)", spec.model_name, error)
+        log.info("%s let go while loading (%s)", spec.model.model_name, error)
 
 
 def _give_back_freed_memory() -> None:

@@ -34,7 +34,7 @@ def run_worker(
             spec = read_spec(inbox)
             if spec is not None:
                 configure_torch(spec.torch_threads)
-                status = serve(sock, inbox, spec, loading=loading_alone(spec), unload=True)
+                status = serve(sock, inbox, spec, loading=loading_alone(spec.model), unload=True)
     except OSError as error:  # the frontend let go first
         log.info("in-process worker let go: %s", error)
     except Exception:

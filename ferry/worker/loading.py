@@ -23,7 +23,7 @@ from ferry.handlers.builtin.shared_weights import sharing_weights
 from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import EntryPoint, load_entry_point
 from ferry.handlers.torchserve import request_envelope
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec
 from ferry.worker.compile_cache import model_compile_cache
 from ferry.worker.pipeline import PipelineSettings, StagePipeline, staged_handler
 
@@ -67,22 +67,13 @@ def prepare_imports(model_dir: str, package_dirs: Sequence[str] = ()) -> None:
         sys.path.append(str(SHIM_ROOT))
 
 
-def load_handler(spec: WorkerSpec, *, gpu_id: int | None) -> ReadyHandler:
+def load_handler(spec: HandlerSpec, *, gpu_id: int | None) -> ReadyHandler:
     """Import, instantiate and initialise the handler ``spec`` names (the manifest's
     handler string), with the ``Context`` TorchServe's handlers expect built from it.
-    ``gpu_id`` is the GPU as this process sees it (``spec.gpu_id`` is the server's index:
-    a worker bound to its GPU sees it as 0, ``ferry.wire.environment.handler_gpu``)."""
+    ``gpu_id`` is the GPU as this process sees it (``WorkerSpec.gpu_id`` is the server's
+    index: a worker bound to its GPU sees it as 0, ``ferry.wire.environment.handler_gpu``)."""
     prepare_imports(spec.model_dir, spec.package_dirs)
-    context = Context(
-        spec.model_name,
-        spec.model_dir,
-        spec.manifest,
-        spec.batch_size,
-        gpu_id,
-        model_yaml_config=spec.model_yaml_config,
-        image_limits=spec.image_limits,
-        model_metrics=spec.model_metrics,
-    )
+    context = _handler_context(spec, gpu_id)
     config, cache = spec.model_yaml_config, spec.compile_cache
     shared = Path(cache) if cache and shares_weights(config) else None
     with model_compile_cache(cache, gpu_id, config), sharing_weights(shared):
@@ -94,6 +85,21 @@ def load_handler(spec: WorkerSpec, *, gpu_id: int | None) -> ReadyHandler:
     # Outermost, as TorchServe wraps the handler's entry point in it.
     ready.entry = request_envelope.wrap(ready.entry, spec.envelope)
     return ready
+
+
+def _handler_context(spec: HandlerSpec, gpu_id: int | None) -> Context:
+    """The ``Context`` TorchServe's handlers are initialised with, on GPU ``gpu_id`` as
+    this process sees it."""
+    return Context(
+        spec.model_name,
+        spec.model_dir,
+        spec.manifest,
+        spec.batch_size,
+        gpu_id,
+        model_yaml_config=spec.model_yaml_config,
+        image_limits=spec.image_limits,
+        model_metrics=spec.model_metrics,
+    )
 
 
 _TORCHSERVE_BASES = ("ferry.handlers.builtin.base_handler", "ts.torch_handler.base_handler")

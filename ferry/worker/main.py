@@ -74,7 +74,7 @@ class FrameSender:
 
 def _load(spec: WorkerSpec, send: FrameSender) -> tuple[ReadyHandler, BatchRunner, str]:
     """The loaded handler, the batch runner over it, and the device the handler chose."""
-    ready = load_handler(spec, gpu_id=handler_gpu(spec.gpu_id, os.environ))
+    ready = load_handler(spec.model, gpu_id=handler_gpu(spec.gpu_id, os.environ))
     return_freed_memory()
     runner = BatchRunner(ready.entry, ready.context, send, envelopes=ready.request_envelopes)
     return ready, runner, _chosen_device(ready.instance, spec)

@@ -84,7 +84,7 @@ class HostedWorker(WorkerConnection):
                 self.pid,
                 self.host.key[0],
                 len(self.host.members),
-                self.spec.model_name,
+                self.spec.model.model_name,
                 self.spec.worker_id,
             )
             self.host.kill()
@@ -218,7 +218,7 @@ def _status_for(member: HostedWorker, busy: list[HostedWorker], status: object) 
 
 
 def _place(spec: WorkerSpec) -> tuple[str, str]:
-    return spec.model_name, spec.model_dir
+    return spec.model.model_name, spec.model.model_dir
 
 
 HostSpawner = Callable[[HostKey, int, int, float], Awaitable[HostProcess]]
@@ -274,7 +274,7 @@ def sharing_processes(own: WorkerFactory, hosts: ProcessHosts) -> WorkerFactory:
                 log.warning(
                     "%s: its shared process did not survive its load (%s); it gets a process "
                     "of its own from now on",
-                    spec.model_name,
+                    spec.model.model_name,
                     failure.message,
                 )
             raise

@@ -100,7 +100,7 @@ class InProcessWorker(WorkerConnection):
         thread = threading.Thread(
             target=run,
             args=(back, on_exit, end_process),
-            name=f"worker {spec.model_name} {spec.worker_id}",
+            name=f"worker {spec.model.model_name} {spec.worker_id}",
             daemon=True,  # a hung handler must not keep the process from ending
         )
         thread.start()
@@ -141,7 +141,7 @@ class InProcessWorker(WorkerConnection):
         log.error(
             "%s %s: its handler did not return %.0f s after the worker was stopped; "
             "ending this process (a thread cannot be stopped), Ray starts another replica",
-            self.spec.model_name,
+            self.spec.model.model_name,
             self.spec.worker_id,
             self._grace_s,
         )

@@ -50,7 +50,7 @@ class WorkerProcess(WorkerConnection):
         """The cores it was pinned to (``start`` with an allocator), released once."""
         self.exited: asyncio.Future[Any] = asyncio.ensure_future(process.wait())
         assert process.stdout is not None
-        prefix = f"[{spec.model_name} {spec.worker_id} pid {process.pid}]"
+        prefix = f"[{spec.model.model_name} {spec.worker_id} pid {process.pid}]"
         self._output = asyncio.ensure_future(relay_output(process.stdout, prefix))
 
     @property
@@ -76,7 +76,7 @@ class WorkerProcess(WorkerConnection):
         claim = _claim_cores(spec, cores, env)
         if claim is not None:
             env.update(pinned_environment(claim.cores))
-        spared = spares is not None and claim is None and compiles(spec.model_yaml_config)
+        spared = spares is not None and claim is None and compiles(spec.model.model_yaml_config)
         spare = spares.take(spec.gpu_id) if spares is not None and spared else None
         forked = forks if forkable(spec, claim) else None
         try:
@@ -90,13 +90,16 @@ class WorkerProcess(WorkerConnection):
         if spare is not None and worker.pid == spare.process.pid:
             log.info(
                 "%s worker pid %s started in a spare process (torch's compiler imported)",
-                spec.model_name,
+                spec.model.model_name,
                 worker.pid,
             )
         if claim is not None:
             worker.hold(claim)
             log.info(
-                "%s worker pid %s pinned to cores %s", spec.model_name, worker.pid, claim.cores
+                "%s worker pid %s pinned to cores %s",
+                spec.model.model_name,
+                worker.pid,
+                claim.cores,
             )
         return worker
 
@@ -124,7 +127,7 @@ class WorkerProcess(WorkerConnection):
                 log.warning(
                     "%s worker %s: spare process pid %s did not take its work (%s); killed, "
                     "and the worker started in a new process",
-                    spec.model_name,
+                    spec.model.model_name,
                     spec.worker_id,
                     spare.process.pid,
                     exc,
@@ -175,7 +178,7 @@ def forkable(spec: WorkerSpec, claim: CoreClaim | None) -> bool:
     environment is the fork server's own, of a model without packages of its own (those
     go first on its import path, and the fork server has already imported its own numpy,
     PIL, yaml...: a model pinning another version must import it afresh)."""
-    return claim is None and spec.gpu_id is None and not spec.package_dirs
+    return claim is None and spec.gpu_id is None and not spec.model.package_dirs
 
 
 def _claim_cores(
@@ -189,7 +192,7 @@ def _claim_cores(
         log.warning(
             "%s worker %s runs unpinned: fewer than %d cores are free of the server's other "
             "workers (cpu_pinning gives each worker cores of its own)",
-            spec.model_name,
+            spec.model.model_name,
             spec.worker_id,
             spec.torch_threads,
         )

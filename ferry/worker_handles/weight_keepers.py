@@ -111,7 +111,7 @@ class WeightKeepers:
         return worker
 
     def _hold(self, spec: WorkerSpec) -> _Keeper:
-        key = (spec.compile_cache, spec.gpu_id)
+        key = (spec.model.compile_cache, spec.gpu_id)
         keeper = self._keepers.get(key)
         if keeper is None:
             keeper = _Keeper(key, asyncio.ensure_future(self._started(key, spec)))
@@ -177,7 +177,8 @@ def keeping_weights(start_worker: WorkerFactory, keepers: WeightKeepers) -> Work
     """``start_worker``, whose workers of models with a weights keeper start on theirs."""
 
     async def start(spec: WorkerSpec, timeout: float) -> WorkerHandle:
-        if not spec.compile_cache or not keeps_weights(spec.model_yaml_config, spec.gpu_id):
+        model = spec.model
+        if not model.compile_cache or not keeps_weights(model.model_yaml_config, spec.gpu_id):
             return await start_worker(spec, timeout)
         return await keepers.start(spec, start_worker, timeout)
 
@@ -221,7 +222,7 @@ async def spawn_keeper(spec: WorkerSpec) -> KeeperProcess:
     from ferry.worker_handles.process import process_environment
 
     folder = Path(tempfile.mkdtemp(prefix="ferry-keeper-"))  # short: a socket path's limit
-    root = str(Path(spec.compile_cache).parent)  # the server's work folder
+    root = str(Path(spec.model.compile_cache).parent)  # the server's work folder
     args = ["--socket", str(folder / "keeper.sock"), "--root", root]
     if spec.gpu_id is not None:
         args += ["--gpu", str(spec.gpu_id)]
@@ -242,7 +243,7 @@ async def spawn_keeper(spec: WorkerSpec) -> KeeperProcess:
     except BaseException:
         keeper.stop()
         raise
-    log.info("%s: weights keeper pid %s started", spec.model_name, process.pid)
+    log.info("%s: weights keeper pid %s started", spec.model.model_name, process.pid)
     return keeper
 
 

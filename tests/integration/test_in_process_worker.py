@@ -8,7 +8,6 @@ files afresh."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -74,9 +73,7 @@ def folder_spec(root: Path, name: str, handler: str = HANDLER) -> WorkerSpec:
     folder.mkdir()
     (folder / "handler.py").write_text(handler)
     (folder / "model.py").write_text(f"NAME = {name!r}\n")
-    return dataclasses.replace(
-        spec(), model_name=name, model_dir=str(folder), handler="handler:handle"
-    )
+    return spec(name, model_dir=str(folder), handler="handler:handle")
 
 
 def start(worker_spec: WorkerSpec, timeout: float, **options: Any) -> Any:
@@ -195,7 +192,7 @@ def test_a_start_cancelled_mid_load_lets_the_load_finish_and_the_thread_end(
 ) -> None:
     """Not wanted any more (its replica stops): no reason to end the process."""
     worker_spec = folder_spec(tmp_path, "e", SLOW_LOADING)
-    loading = Path(worker_spec.model_dir) / "loading"
+    loading = Path(worker_spec.model.model_dir) / "loading"
     os.mkfifo(loading)
     ended: list[int] = []
 

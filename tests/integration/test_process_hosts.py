@@ -64,12 +64,9 @@ def model_folder(root: Path, name: str) -> Path:
 
 
 def grouped(root: Path, name: str, group: str = "shared") -> WorkerSpec:
+    folder = str(model_folder(root, name))
     return dataclasses.replace(
-        spec(),
-        model_name=name,
-        model_dir=str(model_folder(root, name)),
-        handler="handler:handle",
-        process_group=group,
+        spec(name, model_dir=folder, handler="handler:handle"), process_group=group
     )
 
 
@@ -177,10 +174,7 @@ def test_a_model_that_fails_to_load_fails_alone(tmp_path: Path) -> None:
         broken.mkdir()
         (broken / "handler.py").write_text(FAILING_HANDLER)
         bad = dataclasses.replace(
-            spec(),
-            model_name="broken",
-            model_dir=str(broken),
-            handler="handler:handle",
+            spec("broken", model_dir=str(broken), handler="handler:handle"),
             process_group="shared",
         )
         with pytest.raises(WorkerStartFailed) as failure:
@@ -201,7 +195,7 @@ def test_a_crash_while_a_neighbour_holds_a_batch_blames_neither(tmp_path: Path) 
     async def scenario(hosts: ProcessHosts) -> None:
         a = await hosts.start(grouped(tmp_path, "a"), TIMEOUT)
         b_spec = grouped(tmp_path, "b")
-        told = Path(b_spec.model_dir) / "told"
+        told = Path(b_spec.model.model_dir) / "told"
         os.mkfifo(told)
         b = await hosts.start(b_spec, TIMEOUT)
         await b.send(PredictBatch(1, [item(b"crash when told")]))
@@ -216,7 +210,7 @@ def test_a_crash_while_a_neighbour_holds_a_batch_blames_neither(tmp_path: Path) 
 
 def slow_folder(root: Path, name: str, seconds: float) -> WorkerSpec:
     worker_spec = grouped(root, name)
-    handler = Path(worker_spec.model_dir) / "handler.py"
+    handler = Path(worker_spec.model.model_dir) / "handler.py"
     handler.write_text(f"import time\ntime.sleep({seconds})\n" + HANDLER)
     return worker_spec
 
@@ -262,7 +256,7 @@ def test_a_model_whose_load_kills_its_shared_process_gets_one_of_its_own(
         start = sharing_processes(own, hosts)
         a = await start(grouped(tmp_path, "a"), TIMEOUT)
         crashing = grouped(tmp_path, "crashing")
-        (Path(crashing.model_dir) / "handler.py").write_text("import os\nos._exit(5)\n")
+        (Path(crashing.model.model_dir) / "handler.py").write_text("import os\nos._exit(5)\n")
         with pytest.raises(WorkerStartFailed) as first:
             await start(crashing, TIMEOUT)
         assert first.value.kind is StartFailure.EXITED and started == []

@@ -108,7 +108,7 @@ def test_a_gpu_worker_sees_only_its_gpu_as_device_zero(
     (tmp_path / "gpu_report.py").write_text(GPU_REPORT_HANDLER)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     worker_spec = dataclasses.replace(
-        spec(), model_dir=str(tmp_path), handler="gpu_report:handle", gpu_id=1
+        spec(model_dir=str(tmp_path), handler="gpu_report:handle"), gpu_id=1
     )
 
     async def scenario() -> None:

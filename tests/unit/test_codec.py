@@ -30,27 +30,30 @@ from ferry.wire.messages import (
     WorkerLoadFailed,
     WorkerReady,
 )
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 
 SPEC = WorkerSpec(
-    "m",
-    "/models/m",
-    "h.py:fn",
-    {"model": {"handler": "h.py:fn"}},
-    8,
+    HandlerSpec(
+        "m",
+        "/models/m",
+        "h.py:fn",
+        {"model": {"handler": "h.py:fn"}},
+        8,
+        {"k": [1, 2.5, None], "minWorkers": 2},
+        ImageLimits(None, ("PNG",)),
+        ["/models/m/packages"],
+        "kserve",
+        (
+            ModelMetric("Requests", "count", "counter", ("ModelName",)),
+            ModelMetric("Idle", "ms", "gauge"),
+        ),
+        "/cache",
+    ),
     1,
-    {"k": [1, 2.5, None], "minWorkers": 2},
     2,
     "w0.1",
-    ImageLimits(None, ("PNG",)),
-    ["/models/m/packages"],
-    "kserve",
-    (
-        ModelMetric("Requests", "count", "counter", ("ModelName",)),
-        ModelMetric("Idle", "ms", "gauge"),
-    ),
     "shared",
-    "/cache",
+    "/tmp/keeper.sock",
 )
 
 MESSAGES: list[Message] = [
@@ -86,7 +89,7 @@ MESSAGES: list[Message] = [
     WorkerLoadFailed("boom"),
     SpecTaken(4321),
     StartWorker(SPEC),
-    StartWorker(WorkerSpec("m", "/m", "h.py", {}, 1, None, {}, 1, "w0")),  # its defaults
+    StartWorker(WorkerSpec(HandlerSpec("m", "/m", "h.py", {}, 1, {}), None, 1, "w0")),  # defaults
 ]
 
 
@@ -112,8 +115,9 @@ def test_every_message_has_a_tag_and_a_round_trip_here() -> None:
 def test_the_decoded_values_have_their_declared_types() -> None:
     decoded = codec.decode(_payload(StartWorker(SPEC)))
     assert isinstance(decoded, StartWorker)
-    assert decoded.spec.model_metrics[0].dimensions == ("ModelName",)  # tuples, not lists
-    assert decoded.spec.image_limits.formats == ("PNG",)
+    assert type(decoded.spec.model) is HandlerSpec
+    assert decoded.spec.model.model_metrics[0].dimensions == ("ModelName",)  # tuples, not lists
+    assert decoded.spec.model.image_limits.formats == ("PNG",)
     result = codec.decode(_payload(MESSAGES[2]))
     assert isinstance(result, BatchResult)
     assert [r.error_kind for r in result.results] == list(ErrorKind)
@@ -140,6 +144,21 @@ def test_a_batch_is_an_array_of_its_fields_in_order() -> None:
         {},
         [],
     ]
+
+
+def test_the_spec_carries_its_handler_part_whole_as_one_nested_array() -> None:
+    """``StartWorker``'s layout, pinned: the handler's part (``HandlerSpec``) is one array
+    in the spec's, ahead of the process's fields, and comes back a ``HandlerSpec``."""
+    model = HandlerSpec("m", "/m", "h.py", {}, 1, {"k": 1}, ImageLimits(None, ("PNG",)), [], "", ())
+    message = StartWorker(WorkerSpec(model, 0, 2, "w0.1"))
+    handler_part = ["m", "/m", "h.py", {}, 1, {"k": 1}, [None, ["PNG"]], [], "", [], ""]
+    assert msgpack.unpackb(_payload(message)) == [
+        PROTOCOL_VERSION,
+        codec.TAGS[StartWorker],
+        [handler_part, 0, 2, "w0.1", "", ""],
+    ]
+    spec_codec = field_codec.class_codec(HandlerSpec)
+    assert spec_codec.decode(msgpack.unpackb(msgpack.packb(spec_codec.encode(model)))) == model
 
 
 def test_other_protocol_version_is_refused() -> None:

@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 from ferry.wire.environment import PINNED_BY_FERRY, pinned_environment, user_pins_threads
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 from ferry.worker import pinned_cores
 from ferry.worker.pinned_cores import forget_pinning
 from ferry.worker_handles import process
@@ -114,7 +114,7 @@ class ClosedWriter:
 
 
 def spec(threads: int) -> WorkerSpec:
-    return WorkerSpec("m", "/models/m", "h.py:fn", {}, 8, None, {}, threads, "w0.1")
+    return WorkerSpec(HandlerSpec("m", "/models/m", "h.py:fn", {}, 8, {}), None, threads, "w0.1")
 
 
 def test_a_killed_worker_leaves_its_cores_to_a_replacement_started_at_once() -> None:

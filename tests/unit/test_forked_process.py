@@ -53,4 +53,4 @@ def test_only_unpinned_cpu_workers_of_models_without_packages_are_forked() -> No
     cores = CoreAllocator([0, 1])
     claim = CoreClaim(cores, cores.claim(1) or ())
     assert not forkable(cpu, claim)  # OpenMP's binding: read as the library loads
-    assert not forkable(replace(cpu, package_dirs=["/store/m/packages"]), None)
+    assert not forkable(spec("m", package_dirs=["/store/m/packages"]), None)

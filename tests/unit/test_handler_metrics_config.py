@@ -32,6 +32,7 @@ from ferry.wire.messages import StartWorker
 from ferry.wire.spec import WorkerSpec
 from ferry.worker.loading import SHIM_ROOT
 from tests.fixtures.custom_metrics import write_metrics_yaml
+from tests.fixtures.fake_worker import spec
 
 MODEL = (("Level", "Model"), ("ModelName", "mnist"))
 """TorchServe's default dimensions for model ``mnist``, as recorded (sorted)."""
@@ -125,16 +126,16 @@ def test_auto_detect_is_ignored_with_its_reason(
 def test_the_worker_spec_carries_the_declarations_to_the_worker(
     declared: tuple[ModelMetric, ...],
 ) -> None:
-    def received(spec: WorkerSpec) -> WorkerSpec:
-        frame = codec.encode(StartWorker(spec))
+    def received(sent: WorkerSpec) -> WorkerSpec:
+        frame = codec.encode(StartWorker(sent))
         message = codec.decode(frame[codec.FRAME_HEADER.size :])
         assert isinstance(message, StartWorker)
         return message.spec
 
-    spec = WorkerSpec("mnist", "/m", "h.py", {}, 1, None, {}, 1, "w0", model_metrics=declared)
-    assert received(spec) == spec and received(spec).model_metrics == declared
-    default = WorkerSpec("mnist", "/m", "h.py", {}, 1, None, {}, 1, "w0")
-    assert received(default).model_metrics == TORCHSERVE_MODEL_METRICS
+    declaring = spec("mnist", model_metrics=declared)
+    assert received(declaring) == declaring
+    assert received(declaring).model.model_metrics == declared
+    assert received(spec("mnist")).model.model_metrics == TORCHSERVE_MODEL_METRICS
 
 
 # --- the handler's calls, as the custom_metrics example makes them ------------------------

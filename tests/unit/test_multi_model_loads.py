@@ -33,10 +33,10 @@ class Measured:
         self.broken = broken
 
     async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
-        if spec.model_name in self.broken:
-            raise load_error(f"RuntimeError: {spec.model_name} cannot load")
+        if spec.model.model_name in self.broken:
+            raise load_error(f"RuntimeError: {spec.model.model_name} cannot load")
         worker = FakeWorker(Behaviour.ECHO)
-        worker.measured = WorkerInfo(worker.pid, "cpu", self.sizes.get(spec.model_name, 0))
+        worker.measured = WorkerInfo(worker.pid, "cpu", self.sizes.get(spec.model.model_name, 0))
         return worker
 
 

@@ -388,7 +388,7 @@ def test_the_limits_reach_the_worker_in_its_spec(store: Path) -> None:
         service = _service(store, factory, models=("good=good.mar",), **settings)
         await service.load_startup_models()
         (spec,) = factory.specs
-        assert spec.image_limits == ImageLimits(1000, ("PNG",))
+        assert spec.model.image_limits == ImageLimits(1000, ("PNG",))
         frame = codec.encode(StartWorker(spec))
         assert codec.decode(frame[codec.FRAME_HEADER.size :]) == StartWorker(spec)
         await service.close()

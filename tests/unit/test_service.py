@@ -46,8 +46,8 @@ class ByModel:
 
     async def __call__(self, spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
         self.started.append(spec)
-        if spec.model_name in self.broken or spec.handler == "invalidHandler":
-            raise load_error(f"RuntimeError: {spec.model_name} cannot load")
+        if spec.model.model_name in self.broken or spec.model.handler == "invalidHandler":
+            raise load_error(f"RuntimeError: {spec.model.model_name} cannot load")
         return FakeWorker(Behaviour.ECHO)
 
 

@@ -6,7 +6,6 @@ setting that turns them off."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 from types import SimpleNamespace
 from typing import Any
@@ -214,7 +213,7 @@ def test_only_unpinned_workers_of_compiling_models_take_a_spare(
         spares.replenish(None)
         await _settled()
         with pytest.raises(Started):
-            compiling = dataclasses.replace(spec(), model_yaml_config=config)
+            compiling = spec(model_yaml_config=config)
             await worker_process.WorkerProcess.start(compiling, 60, None, spares)
         assert (given[0] is not None) is takes
         spawner.discard_all()

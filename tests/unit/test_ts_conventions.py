@@ -365,7 +365,7 @@ def test_a_missing_startup_model_stops_start_up_naming_it(store: Path) -> None:
 
 def _recording(started: list[str]) -> Callable[[WorkerSpec, float], Awaitable[FakeWorker]]:
     async def start(spec: WorkerSpec, startup_timeout: float) -> FakeWorker:
-        started.append(spec.model_name)
+        started.append(spec.model.model_name)
         return FakeWorker(Behaviour.ECHO)
 
     return start

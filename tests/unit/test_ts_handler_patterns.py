@@ -52,12 +52,18 @@ from ferry.handlers.builtin.vision_tasks import ImageEmbedder, ImageSegmenter, O
 from ferry.handlers.contract.loader import BUILTIN_HANDLERS
 from ferry.store.archive import open_model
 from ferry.store.writer import ArchiveSpec, check_spec, write_archive
-from ferry.wire.spec import WorkerSpec
 from ferry.worker.loading import SHIM_ROOT, ReadyHandler, load_handler
 from ferry.worker.micro_batching import MicroBatching
 from ferry.worker.pipeline import StagePipeline
 from tests.fixtures.handler_inputs import png
-from tests.fixtures.models import DOUBLING_MODEL, HANDLERS, Doubler, save_torchscript, write_config
+from tests.fixtures.models import (
+    DOUBLING_MODEL,
+    HANDLERS,
+    Doubler,
+    archive_handler_spec,
+    save_torchscript,
+    write_config,
+)
 
 COLOUR_MODEL = """
 import torch
@@ -161,18 +167,7 @@ def serve(tmp_path: Path, handler: str, **packaging: Any) -> ReadyHandler:
     archive_path = package(tmp_path, handler, **packaging)
     (tmp_path / "work").mkdir(exist_ok=True)
     archive = open_model(archive_path.parent, archive_path.name, tmp_path / "work")
-    spec = WorkerSpec(
-        model_name="m",
-        model_dir=str(archive.model_dir),
-        handler=archive.manifest.handler,
-        manifest=archive.manifest.document,
-        batch_size=8,
-        gpu_id=None,
-        model_yaml_config=archive.config.raw,
-        torch_threads=1,
-        worker_id="w0",
-    )
-    return load_handler(spec, gpu_id=None)
+    return load_handler(archive_handler_spec(archive, "m", 8), gpu_id=None)
 
 
 def _model_file_name(source: str) -> str:

@@ -21,7 +21,7 @@ from ferry.handlers.contract.context import Context
 from ferry.handlers.contract.loader import BUILTIN_HANDLERS
 from ferry.handlers.torchserve import dali, distributed
 from ferry.handlers.torchserve.unsupported import NotSupportedByFerry
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec
 from ferry.worker.loading import SHIM_ROOT, load_handler
 from tests.fixtures.models import HANDLERS
 
@@ -105,7 +105,7 @@ def test_a_deepspeed_example_style_handler_fails_its_load_before_building_a_mode
     config = {"parallelType": "tp", "torchrun": {"nproc-per-node": 2}}
     with pytest.raises(NotSupportedByFerry, match="DeepSpeed tensor parallelism") as error:
         handler = "ts_deepspeed_style_handler.py"
-        spec = WorkerSpec("big", str(tmp_path), handler, {}, 1, None, config, 1, "w0")
+        spec = HandlerSpec("big", str(tmp_path), handler, {}, 1, config)
         load_handler(spec, gpu_id=None)
     assert error.traceback[-1].name == "refuse"
 

@@ -5,7 +5,6 @@ starts or lives, stopped after the last, and its death ends every worker on it."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Coroutine
@@ -16,7 +15,7 @@ import pytest
 from ferry.config.sections import keeps_weights, parse_optimization
 from ferry.errors import ModelConfigError
 from ferry.wire.messages import BatchResult, PartialResult, PredictBatch
-from ferry.wire.spec import WorkerSpec
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 from ferry.worker import weights_keeper
 from ferry.worker_handles import weight_keepers
 from ferry.worker_handles.handle import (
@@ -113,19 +112,24 @@ class Harness:
         return worker
 
 
-def _spec(version_folder: str = "/work/m-1", gpu: int | None = 0, mode: str = "gpu") -> WorkerSpec:
-    return WorkerSpec(
+def _spec(
+    version_folder: str = "/work/m-1",
+    gpu: int | None = 0,
+    mode: str = "gpu",
+    **optimization: object,
+) -> WorkerSpec:
+    """A worker's spec whose model-config.yaml asks for weights keeper ``mode`` (and the
+    rest of ``optimization``)."""
+    model = HandlerSpec(
         model_name="m",
         model_dir="/store/m",
         handler="h",
         manifest={},
         batch_size=1,
-        gpu_id=gpu,
-        model_yaml_config={"optimization": {"weights_keeper": mode}},
-        torch_threads=1,
-        worker_id="w0",
+        model_yaml_config={"optimization": {"weights_keeper": mode, **optimization}},
         compile_cache=version_folder,
     )
+    return WorkerSpec(model, gpu_id=gpu, torch_threads=1, worker_id="w0")
 
 
 async def _settle() -> None:
@@ -229,11 +233,8 @@ async def test_a_worker_that_fails_to_start_gives_back_its_hold() -> None:
     [
         _spec(mode="off"),
         _spec(gpu=None, mode="gpu"),
-        dataclasses.replace(_spec(), compile_cache=""),
-        dataclasses.replace(
-            _spec(),
-            model_yaml_config={"optimization": {"weights_keeper": "gpu", "share_weights": False}},
-        ),
+        _spec(version_folder=""),
+        _spec(share_weights=False),
     ],
     ids=["off", "gpu-only-on-cpu", "no-shared-folder", "share-weights-false"],
 )

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ferry.store.archive import ModelArchive, open_model
-from ferry.wire.spec import WorkerSpec
+from ferry.store.archive import open_model
 from ferry.worker.loading import SHIM_ROOT, load_handler, prepare_imports
 from ferry.worker.pipeline import StagePipeline
 from ferry_bench import profile as profiling
-from tests.fixtures.models import digest_archive, ts_style_archive
+from tests.fixtures.models import archive_handler_spec, digest_archive, ts_style_archive
 
 
 @pytest.fixture
@@ -29,22 +28,6 @@ def clean_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in set(sys.modules) - before:
         if name == "ts" or name.startswith("ts.") or name.endswith("_handler"):
             del sys.modules[name]
-
-
-def _spec(archive: ModelArchive, name: str, envelope: str = "") -> WorkerSpec:
-    """A worker's spec for ``archive``, batches of 4, on the CPU."""
-    return WorkerSpec(
-        model_name=name,
-        model_dir=str(archive.model_dir),
-        handler=archive.manifest.handler,
-        manifest=archive.manifest.document,
-        batch_size=4,
-        gpu_id=None,
-        model_yaml_config=archive.config.raw,
-        torch_threads=1,
-        worker_id="w0",
-        envelope=envelope,
-    )
 
 
 def test_prepare_imports_puts_the_model_first_and_the_shim_last(
@@ -61,7 +44,7 @@ def test_a_ts_style_handler_loads_with_its_pipeline(tmp_path: Path, clean_import
     pipeline = {"micro_batch_size": 2, "parallelism": {"preprocess": 2}}
     ts_style_archive(store, name="piped", micro_batching=pipeline, handler={"scale": 3})
     archive = open_model(store, "piped.mar", tmp_path)
-    ready = load_handler(_spec(archive, "piped"), gpu_id=None)
+    ready = load_handler(archive_handler_spec(archive, "piped", 4), gpu_id=None)
     try:
         assert type(ready.instance).__name__ == "DoublingHandler"
         assert isinstance(ready.pipeline, StagePipeline)
@@ -90,7 +73,7 @@ def test_per_request_envelopes_only_for_torchserves_handlers_without_service_env
     store = tmp_path / "store"
     name = ts_style_archive(store) if handler == "ts" else digest_archive(store, "digest")
     archive = open_model(store, name, tmp_path)
-    ready = load_handler(_spec(archive, "m", envelope), gpu_id=None)
+    ready = load_handler(archive_handler_spec(archive, "m", 4, envelope), gpu_id=None)
     try:
         if handler == "function" or envelope:
             assert ready.request_envelopes is None
