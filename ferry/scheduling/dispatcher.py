@@ -32,10 +32,10 @@ from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, Prediction, PredictionPart
 from ferry.scheduling.lanes import BatchSource, Exchange, InFlight, Lane, RecycleCheck, give_back
+from ferry.scheduling.observers import BatchWatch, Observer
 from ferry.scheduling.retries import isolate_or_fail, requeue_unstarted
 from ferry.scheduling.sequences import SequenceBook
 from ferry.scheduling.timeouts import BatchTimeouts
-from ferry.tracing import BatchTrace, trace_batch
 from ferry.wire.codec import ProtocolError
 from ferry.wire.messages import (
     DEVICE_FAILED_EXIT,
@@ -77,7 +77,7 @@ def to_outcome(
     trace_ids: tuple[str, str] | None = None,
 ) -> Prediction | FerryError:
     """A worker's answer to one request, as the service's response or domain error;
-    ``trace_ids``: the request's trace, for its access line."""
+    ``trace_ids``: its observer's ids, for its access line."""
     if result.error_kind is ErrorKind.INVALID_INPUT:
         return InvalidInput(result.message)
     if result.error_kind is ErrorKind.HANDLER:
@@ -110,8 +110,11 @@ class Dispatcher:
         stream_timeout: float | None = None,
         cancel_grace: float = 5.0,
         sequences: SequenceBook | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.name = name
+        self.observer = observer
+        """What watches its batches (``ferry.scheduling.observers``), if anything."""
         self.sequences = sequences
         """A stateful model's sequences: each worker takes batches from its own."""
         self.delay_late = delay_late
@@ -169,8 +172,8 @@ class Dispatcher:
             )
             error, lone_is_culprit = self._died(), True
         for exchange in lane.pending:
-            if exchange.trace is not None:
-                exchange.trace.finish([], error)
+            if exchange.watch is not None:
+                exchange.watch.ended([], error)
         started, waiting = lane.started_and_waiting()
         retried = isolate_or_fail(started, error, lone_is_culprit, self.suspects)
         if retried:
@@ -357,8 +360,8 @@ class Dispatcher:
 
     async def _send(self, worker: WorkerHandle, jobs: list[Job], held: InFlight) -> Exchange:
         self._batch_ids += 1
-        trace = self._batch_trace(worker, jobs)
-        traceparent = trace.traceparent if trace is not None else ""
+        watch = self._batch_watch(worker, jobs)
+        traceparent = watch.traceparent if watch is not None else ""
         batch = PredictBatch(self._batch_ids, [job.item for job in jobs], traceparent)
         now = self._clock()
         for job in jobs:
@@ -367,20 +370,18 @@ class Dispatcher:
             job.attempts += 1
         held.add(jobs)
         self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
-        exchange = Exchange(batch, jobs, self.timeouts.due(now), now, trace=trace)
+        exchange = Exchange(batch, jobs, self.timeouts.due(now), now, watch=watch)
         # Bounded like the answer: a worker that stopped reading must not hold us forever.
         await asyncio.wait_for(worker.send(batch), self.timeouts.remaining(exchange))
         return exchange
 
-    def _batch_trace(self, worker: WorkerHandle, jobs: list[Job]) -> BatchTrace | None:
-        """The batch's span, when any of its requests is traced; their queue spans end."""
-        traces = [job.trace for job in jobs if job.trace is not None]
-        if not traces:
+    def _batch_watch(self, worker: WorkerHandle, jobs: list[Job]) -> BatchWatch | None:
+        """The observer's watch on the batch, when it watches any of its requests."""
+        watched = [job.watch for job in jobs if job.watch is not None]
+        if not watched or self.observer is None:
             return None
-        for trace in traces:
-            trace.dispatched()
         details: dict[str, str | int] = {"pid": worker.info.pid or 0, "device": worker.info.device}
-        return trace_batch(self.name, self._batch_ids, traces, details)
+        return self.observer.batch(self.name, self._batch_ids, watched, details)
 
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
         """The batch's result; parts its handler streamed first go to their jobs."""
@@ -429,8 +430,8 @@ class Dispatcher:
         """Answer the batch's requests (``workers_first``: the worker's first batch of its
         size, which the cost model weighs apart)."""
         jobs = exchange.jobs
-        if exchange.trace is not None:
-            exchange.trace.finish(result.stage_windows)
+        if exchange.watch is not None:
+            exchange.watch.ended(result.stage_windows)
         log.debug("%s: batch of %d, handler %.1f ms", self.name, len(jobs), result.handler_ms)
         self.metrics.stages(result.stage_ms)
         round_trip_ms = (self._clock() - exchange.started_at) * 1000
@@ -448,7 +449,7 @@ class Dispatcher:
                 log.warning("%s: result for unknown request %s ignored", self.name, item.request_id)
                 continue
             held.discard(job)
-            ids = job.trace.ids if job.trace is not None else None
+            ids = job.watch.ids if job.watch is not None else None
             outcome = to_outcome(item, len(jobs), job.queued_seconds, ids)
             if isinstance(outcome, FerryError):
                 job.fail(outcome)

@@ -7,9 +7,9 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ferry.errors import DeadlineExceeded, FerryError
-from ferry.tracing import RequestTrace
 from ferry.wire.messages import InputPart, RequestItem
 
 _request_ids = itertools.count(1)
@@ -55,6 +55,21 @@ class PredictionPart:
 OnPredictionPart = Callable[[PredictionPart], None]
 
 
+class RequestWatch(Protocol):
+    """What an observer (``ferry.scheduling.observers``) keeps of one request, from its
+    taking to its answer."""
+
+    @property
+    def ids(self) -> tuple[str, str]:
+        """Ids (trace and span, in hex) the request's access log line carries."""
+        ...
+
+    def ended(self, outcome: Prediction | BaseException, queued_seconds: float) -> None:
+        """Its answer, or the error it failed with (``CancelledError`` when its transport
+        gave up on it), and how long it waited for its first worker."""
+        ...
+
+
 @dataclass
 class Job:
     item: RequestItem
@@ -77,8 +92,8 @@ class Job:
     missed its deadline under ``deadlineAction: delay``."""
     sequence_id: str | None = None
     """The stateful sequence it belongs to (``ferry.scheduling.sequences``), if any."""
-    trace: RequestTrace | None = None
-    """Its span when it is traced (``ferry.tracing``)."""
+    watch: RequestWatch | None = None
+    """What an observer keeps of it, when one watches it (``ferry.scheduling.observers``)."""
 
     def expire(self) -> None:
         """The deadline passed: answer now unless a worker already has the request."""
@@ -111,5 +126,6 @@ __all__ = [
     "OnPredictionPart",
     "Prediction",
     "PredictionPart",
+    "RequestWatch",
     "next_request_id",
 ]

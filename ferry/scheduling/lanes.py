@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ferry.scheduling.jobs import Job
-from ferry.tracing import BatchTrace
+from ferry.scheduling.observers import BatchWatch
 from ferry.wire.messages import PredictBatch
 
 RecycleCheck = Callable[[int], str | None]
@@ -80,8 +80,8 @@ class Exchange:
     abandoned_at: float | None = None
     """When the last of its requests lost its client: the worker has ``cancel_grace``
     from then to stop."""
-    trace: BatchTrace | None = None
-    """Its span, when any of its requests is traced."""
+    watch: BatchWatch | None = None
+    """What an observer keeps of it, when one watches any of its requests."""
 
     def abandoned(self) -> bool:
         return self.abandoned_at is not None

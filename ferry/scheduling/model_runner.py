@@ -19,6 +19,7 @@ from ferry.metrics.definitions import FerryMetrics, ModelMetrics
 from ferry.scheduling.batch_queue import BatchQueue
 from ferry.scheduling.dispatcher import Dispatcher
 from ferry.scheduling.jobs import LATE_PRIORITY, Job, OnPredictionPart
+from ferry.scheduling.observers import Observer, refused, watch_request
 from ferry.scheduling.pool import (
     Backoff,
     PoolEvents,
@@ -136,6 +137,7 @@ class ModelRunner:
         metrics: ModelMetrics | None = None,
         *,
         backoff: Callable[[], Backoff] = Backoff,
+        observer: Observer | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -170,7 +172,10 @@ class ModelRunner:
             stream_timeout=settings.stream_timeout,
             cancel_grace=settings.cancel_grace,
             sequences=self.sequences,
+            observer=observer,
         )
+        self.observer = observer
+        """What watches its requests and batches (``ferry.scheduling.observers``), if anything."""
         self.pool = WorkerPool(
             f"{name} v{version}",
             self._spec_for,
@@ -404,15 +409,18 @@ class ModelRunner:
             _, headers = sequence_of(headers)
         item = RequestItem(request_id, headers, parts, envelope)
         job = Job(item, asyncio.get_running_loop().create_future(), on_part, priority=priority)
+        if self.observer is not None:
+            watch_request(self.observer, self.name, self.version, job)
         expiry = self._deadline_timer(job, budget)
         try:
             if alone:
                 self.submit_alone(job)
             else:
                 self.submit(job)
-        except BaseException:
+        except BaseException as error:
             if expiry is not None:
                 expiry.cancel()
+            refused(job, error)
             raise
         if expiry is not None:
             job.future.add_done_callback(lambda _: expiry.cancel())

@@ -10,6 +10,7 @@ from ferry.config.settings import ServerSettings
 from ferry.errors import InvalidRequest, ModelAlreadyExists, ModelNotFound
 from ferry.metrics.definitions import ModelMetrics
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.observers import Observer
 from ferry.store.archive import ModelArchive
 from ferry.suggest import close_matches
 from ferry.wire.spec import HandlerSpec, WorkerSpec
@@ -32,9 +33,11 @@ class ModelVersion:
         metrics: ModelMetrics,
         *,
         at_startup: bool,
+        observer: Observer | None = None,
     ) -> ModelVersion:
         """The version with its runner, whose workers (not started yet) run the archive's
-        handler as ``settings`` and the server's image and envelope settings say."""
+        handler as ``settings`` and the server's image and envelope settings say;
+        ``observer`` watches its requests (``ferry.scheduling.observers``)."""
         spec = WorkerSpec(
             model=_handler_spec(archive, settings, server),
             gpu_id=None,
@@ -42,7 +45,9 @@ class ModelVersion:
             worker_id="w0",
             process_group=settings.process_group,
         )
-        runner = ModelRunner(archive.name, archive.version, spec, settings, start_worker, metrics)
+        runner = ModelRunner(
+            archive.name, archive.version, spec, settings, start_worker, metrics, observer=observer
+        )
         return cls(archive, runner, at_startup)
 
 

@@ -66,8 +66,9 @@ class FerryService:
             enabled=settings.enable_metrics_api,
             max_handler_series=settings.max_handler_metric_series,
         )
+        observer = tracing if tracing.enabled else None  # off: not even a call per request
         self.models = ModelLifecycle(
-            settings, start_worker, self.metrics, machine or Machine(None, 0)
+            settings, start_worker, self.metrics, machine or Machine(None, 0), observer
         )
         self.draining = False
         """Stopping: requests are still served, readiness says no (``drain_delay``)."""
@@ -111,7 +112,6 @@ class FerryService:
         budget = runner.client_budget(deadline_budget(headers))  # bad headers: before the id
         priority = request_priority(headers)
         request_id = self._request_ids.choose(headers.get("x-request-id", ""))
-        trace = self.tracing.request(runner.name, runner.version, request_id, headers)
         headers = {**headers, "explain": "True"} if request.explain else headers
         joined: list[bytes] = []
         limit = self.settings.max_response_size
@@ -127,12 +127,9 @@ class FerryService:
                 alone=request.explain,
                 envelope=request.envelope,
             )
-        except BaseException as error:
+        except BaseException:
             self._request_ids.release(request_id)
-            if trace is not None:
-                trace.end(error, ())
             raise
-        job.trace = trace  # before the dispatcher, which runs after this returns, sees it
         pending = PendingPrediction(job, joined, limit, runner.metrics, self._request_ids.release)
         if request.on_hang_up is not None:
             request.on_hang_up(lambda: job.fail(ClientGone("the client closed the connection")))

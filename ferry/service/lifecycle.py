@@ -23,6 +23,7 @@ from ferry.errors import (
 )
 from ferry.metrics.definitions import FerryMetrics
 from ferry.metrics.gpu import read_gpus
+from ferry.scheduling.observers import Observer
 from ferry.scheduling.pool import ran_out_of_memory
 from ferry.scheduling.registry import ModelRegistry, ModelVersion
 from ferry.scheduling.residency import Residency, ResidencyEvents
@@ -51,8 +52,11 @@ class ModelLifecycle:
         start_worker: WorkerFactory,
         metrics: FerryMetrics,
         machine: sizing.Machine,
+        observer: Observer | None = None,
     ) -> None:
+        """``observer``: what watches every version's requests (tracing), if anything."""
         self.settings = settings
+        self.observer = observer
         self.registry = ModelRegistry()
         self.metrics = metrics
         self.machine = machine
@@ -150,7 +154,13 @@ class ModelLifecycle:
             self._next_gpu = gpu_ids[0] + settings.workers
         metrics = self.metrics.for_model(archive.name, archive.version)
         return ModelVersion.serving(
-            archive, settings, self.settings, self._start_worker, metrics, at_startup=at_startup
+            archive,
+            settings,
+            self.settings,
+            self._start_worker,
+            metrics,
+            at_startup=at_startup,
+            observer=self.observer,
         )
 
     def _process_uses(self, replacing: ModelVersion | None = None) -> list[sizing.ProcessUse]:

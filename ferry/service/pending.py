@@ -80,14 +80,6 @@ class PendingPrediction:
         self._metrics.request_outcome("ok" if error is None else _outcome(error))
         if isinstance(error, DeadlineExceeded):
             self._metrics.shed(1)
-        if job.trace is not None:
-            queue_ms = ("ferry.queue_ms", job.queued_seconds * 1000)
-            if error is None:
-                answer = future.result()
-                size = ("ferry.batch.size", answer.batch_size)
-                job.trace.end(None, (queue_ms, size, ("ferry.status", answer.status)))
-            else:
-                job.trace.end(error, (queue_ms,))
 
 
 def _outcome(error: BaseException) -> str:

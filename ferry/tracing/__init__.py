@@ -14,81 +14,46 @@ batch's answer, so no worker opens a connection of its own.
 Off, nothing here imports OpenTelemetry and ``Tracing.request`` returns None: a request
 carries no trace, and the scheduler's only cost is checking that.
 
-``ferry.tracing.otel`` builds the tracer from the settings and the ``OTEL_*`` environment
-variables; the rest of Ferry sees only ``Tracing``, ``RequestTrace`` and ``BatchTrace``.
+Tracing is the request path's observer (``ferry.scheduling.observers``): the scheduler
+tells it of each request and batch and it keeps their spans; nothing else on the request
+path knows of it. ``ferry.tracing.otel`` builds the tracer from the settings and the
+``OTEL_*`` environment variables; the rest of Ferry sees only ``Tracing``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Iterator, Mapping, Sequence
 
 from ferry.errors import ConfigError
-from ferry.tracing.records import Attributes
-from ferry.wire.messages import StageWindow
+from ferry.scheduling.jobs import RequestWatch
+from ferry.scheduling.observers import BatchWatch
 
 INSTALL_HINT = "pip install 'ferry-serve[otel]'"
 
 
-class BatchTrace(Protocol):
-    """A batch's span, from its dispatch to a worker until its answer or failure."""
-
-    @property
-    def traceparent(self) -> str:
-        """The batch span's W3C ``traceparent``: the worker's log records of the batch
-        name its trace and span."""
-        ...
-
-    def finish(self, windows: Sequence[StageWindow], error: BaseException | None = None) -> None:
-        """End it: a child span per stage window, then the batch span itself (an error
-        status with ``error``)."""
-        ...
-
-
-class RequestTrace(Protocol):
-    """One request's span, from the service taking it to its answer."""
-
-    @property
-    def tracing(self) -> Tracing:
-        """What traced it (and traces the batches it joins)."""
-        ...
-
-    @property
-    def ids(self) -> tuple[str, str]:
-        """Its trace id and span id, in hex: the access log line carries them."""
-        ...
-
-    def dispatched(self) -> None:
-        """It left the queue for a worker: its queue span ends (the first time only)."""
-        ...
-
-    def end(self, error: BaseException | None, attributes: Attributes) -> None:
-        """Its answer: the span ends, with ``attributes`` added and ``error``'s type as its
-        status if it failed."""
-        ...
-
-
 class Tracing:
-    """Tracing off: no request gets a trace."""
+    """Tracing off: no request gets a trace. On (``Recorder``), it is the request path's
+    ``Observer``."""
 
     enabled = False
 
     def request(
-        self, model: str, version: str, request_id: str, headers: dict[str, str]
-    ) -> RequestTrace | None:
-        """A trace for a request the service takes (None when off, or not sampled in)."""
+        self, model: str, version: str, request_id: str, headers: Mapping[str, str]
+    ) -> RequestWatch | None:
+        """A trace for a request the scheduler takes (None when off, or not sampled in)."""
         return None
 
     def batch(
         self,
         model: str,
         batch_id: int,
-        requests: Sequence[RequestTrace],
-        worker: dict[str, str | int],
-    ) -> BatchTrace | None:
-        """A span for a batch of traced requests, linked to theirs (None when off)."""
+        requests: Sequence[RequestWatch],
+        worker: Mapping[str, str | int],
+    ) -> BatchWatch | None:
+        """A span for a batch of traced requests, linked to theirs, whose queue spans end
+        (None when off)."""
         return None
 
     @contextlib.contextmanager
@@ -108,13 +73,6 @@ class Tracing:
 
 
 NO_TRACING = Tracing()
-
-
-def trace_batch(
-    model: str, batch_id: int, requests: Sequence[RequestTrace], worker: dict[str, str | int]
-) -> BatchTrace | None:
-    """A span for a batch whose ``requests`` are traced (one at least), by what traced them."""
-    return requests[0].tracing.batch(model, batch_id, requests, worker)
 
 
 def available() -> bool:

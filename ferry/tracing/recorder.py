@@ -17,10 +17,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
-from ferry.tracing import BatchTrace, RequestTrace, Tracing
+from ferry.scheduling.jobs import Prediction, RequestWatch
+from ferry.scheduling.observers import BatchWatch
+from ferry.tracing import Tracing
 from ferry.tracing.losses import LossLog
 from ferry.tracing.records import (
     BATCH,
@@ -200,8 +202,8 @@ class Recorder(Tracing):
         self._workers: dict[tuple[object, ...], tuple[str, Attributes]] = {}
 
     def request(
-        self, model: str, version: str, request_id: str, headers: dict[str, str]
-    ) -> RequestTrace | None:
+        self, model: str, version: str, request_id: str, headers: Mapping[str, str]
+    ) -> RequestWatch | None:
         parent = parent_from_headers(headers)
         trace_id = parent.trace_id if parent is not None else new_trace_id()
         if not self._sampler(parent, trace_id):
@@ -211,18 +213,20 @@ class Recorder(Tracing):
             of_model: Attributes = (("ferry.model", model), ("ferry.model_version", version))
             named = self._models[model, version] = (f"predict {model}", of_model)
         name, of_model = named
-        return _Request(self, name, trace_id, parent, of_model, request_id, self._add)
+        return _Request(name, trace_id, parent, of_model, request_id, self._add)
 
     def batch(
         self,
         model: str,
         batch_id: int,
-        requests: Sequence[RequestTrace],
-        worker: dict[str, str | int],
-    ) -> BatchTrace | None:
+        requests: Sequence[RequestWatch],
+        worker: Mapping[str, str | int],
+    ) -> BatchWatch | None:
         traced = [r for r in requests if isinstance(r, _Request)]
         if not traced:
             return None
+        for request in traced:
+            request.dispatched()
         first = traced[0]
         of_worker = self._workers.get((model, *worker.items()))
         if of_worker is None:  # one name and attribute tuple per model and worker
@@ -314,12 +318,10 @@ class _Request:
         "start_ns",
         "trace_id",
         "trace_state",
-        "tracing",
     )
 
     def __init__(
         self,
-        tracing: Recorder,
         name: str,
         trace_id: int,
         parent: Parent | None,
@@ -327,7 +329,7 @@ class _Request:
         request_id: str,
         add: Callable[[Record], None],
     ) -> None:
-        self.tracing, self.name = tracing, name
+        self.name = name
         self.of_model, self.request_id = of_model, request_id
         self.trace_id, self.span_id = trace_id, new_span_id()
         self.parent_id = parent.span_id if parent is not None else 0
@@ -346,6 +348,17 @@ class _Request:
     def dispatched(self) -> None:
         if not self.dispatched_ns:  # its first batch ends its wait (a retry's is in its span)
             self.dispatched_ns = time.time_ns()
+
+    def ended(self, outcome: Prediction | BaseException, queued_seconds: float) -> None:
+        queue_ms = ("ferry.queue_ms", queued_seconds * 1000)
+        if isinstance(outcome, BaseException):
+            self.end(outcome, (queue_ms,))
+        else:
+            size, status = (
+                ("ferry.batch.size", outcome.batch_size),
+                ("ferry.status", outcome.status),
+            )
+            self.end(None, (queue_ms, size, status))
 
     def end(self, error: BaseException | None, attributes: Attributes) -> None:
         self._add(
@@ -390,7 +403,7 @@ class _Batch:
     def traceparent(self) -> str:
         return traceparent(self.trace_id, self.span_id)
 
-    def finish(self, windows: Sequence[StageWindow], error: BaseException | None = None) -> None:
+    def ended(self, windows: Sequence[StageWindow], error: BaseException | None = None) -> None:
         stages = tuple((window.stage, window.start_ns, window.end_ns) for window in windows)
         self.add(
             (
