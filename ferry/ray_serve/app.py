@@ -139,15 +139,16 @@ async def _serve_until_signal(server: Any, listening: Any) -> None:
 def run_on_ray(settings: ServerSettings, address: str | None) -> int:
     """Deploy, serve the management API until SIGINT or SIGTERM, then remove the
     application. Exit codes as ``ferry serve``'s (``ConfigError``: 2)."""
-    if not available():
-        raise ConfigError(f"--ray needs Ray Serve, which is not installed: {INSTALL_HINT}")
-    # Set before Ray is imported, which reads them. Ray colours the prefix of the lines it
+    # Set before Ray is imported, which reads them once: before ``available()`` too, whose
+    # look for ``ray.serve`` imports ``ray``. Ray colours the prefix of the lines it
     # relays from its workers, and always the note it adds to a line it deduplicates
     # ("[repeated 2x across cluster]"); in Ferry's log (a file, JSON lines) escape codes
     # are noise. So no colour and no deduplication (each line kept, with its pid) unless
     # the operator sets either variable.
     for variable in RAY_PLAIN_LOG_VARIABLES:
         os.environ.setdefault(variable, "0")
+    if not available():
+        raise ConfigError(f"--ray needs Ray Serve, which is not installed: {INSTALL_HINT}")
     import ray
     import uvicorn
     from ray import serve
