@@ -411,6 +411,12 @@ class ModelRunner:
         job = Job(item, asyncio.get_running_loop().create_future(), on_part, priority=priority)
         if self.observer is not None:
             watch_request(self.observer, self.name, self.version, job)
+        self._queue(job, budget, alone=alone)
+        return job
+
+    def _queue(self, job: Job, budget: float | None, *, alone: bool) -> None:
+        """Queue ``job`` with its deadline's timer; refused, the timer is cancelled and
+        its observer told."""
         expiry = self._deadline_timer(job, budget)
         try:
             if alone:
@@ -424,7 +430,6 @@ class ModelRunner:
             raise
         if expiry is not None:
             job.future.add_done_callback(lambda _: expiry.cancel())
-        return job
 
     def _deadline_timer(self, job: Job, budget: float | None) -> asyncio.TimerHandle | None:
         """With a ``budget``, the job's deadline (the queue batches by it) and the timer
