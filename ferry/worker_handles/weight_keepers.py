@@ -16,6 +16,10 @@ counted on that keeper while it is starting or alive. Its lifetime rules:
   exits). The pool answers or retries what they held, as for any worker killed from
   outside, and their replacements start a new keeper;
 - a model's new version has its own work folder, so its own keeper.
+
+A model whose format cannot share its weights (``ModelFormat.shares_weights``: ONNX,
+AOTInductor) gets no keeper even when asked: it would hold nothing, and on a GPU its CUDA
+context alone takes hundreds of MiB. That is logged once per model version.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ferry.config.sections import keeps_weights
-from ferry.wire.spec import WorkerSpec
+from ferry.handlers.builtin.formats import MODEL_FORMATS, ModelSource
+from ferry.wire.spec import HandlerSpec, WorkerSpec
 from ferry.worker_handles.handle import StartFailure, WorkerFactory, WorkerHandle, WorkerStartFailed
 from ferry.worker_handles.output_relay import relay_output
 from ferry.worker_handles.spawning import spawn_module
@@ -83,6 +88,25 @@ class WeightKeepers:
     def __init__(self, spawn: KeeperSpawner | None = None) -> None:
         self._spawn = spawn or spawn_keeper
         self._keepers: dict[KeeperKey, _Keeper] = {}
+        self._passed_over: set[str] = set()
+        """The versions (work folders) asked for a keeper whose format shares no weights."""
+
+    def keeps(self, spec: WorkerSpec) -> bool:
+        """Whether a worker of ``spec`` starts on a keeper: its model-config.yaml asks for
+        one on its device, and its model's format shares its weights."""
+        model = spec.model
+        if not model.compile_cache or not keeps_weights(model.model_yaml_config, spec.gpu_id):
+            return False
+        if MODEL_FORMATS.shares_weights(_source(model)):
+            return True
+        if model.compile_cache not in self._passed_over:
+            self._passed_over.add(model.compile_cache)
+            log.warning(
+                "%s: weights_keeper ignored: its format does not share weights (only eager "
+                "models, TorchScript and torch.export programs do); each worker loads its own",
+                model.model_name,
+            )
+        return False
 
     async def start(
         self, spec: WorkerSpec, start_worker: WorkerFactory, timeout: float
@@ -177,12 +201,23 @@ def keeping_weights(start_worker: WorkerFactory, keepers: WeightKeepers) -> Work
     """``start_worker``, whose workers of models with a weights keeper start on theirs."""
 
     async def start(spec: WorkerSpec, timeout: float) -> WorkerHandle:
-        model = spec.model
-        if not model.compile_cache or not keeps_weights(model.model_yaml_config, spec.gpu_id):
+        if not keepers.keeps(spec):
             return await start_worker(spec, timeout)
         return await keepers.start(spec, start_worker, timeout)
 
     return start
+
+
+def _source(model: HandlerSpec) -> ModelSource:
+    """The files the model's manifest names, as the formats tell them."""
+    named = model.manifest.get("model")
+    files: dict[str, Any] = named if isinstance(named, dict) else {}
+    return ModelSource(
+        Path(model.model_dir),
+        files.get("serializedFile") or None,
+        files.get("modelFile") or None,
+        model.model_yaml_config,
+    )
 
 
 # --- the keeper's process ----------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import zipfile
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,19 +114,24 @@ class Harness:
         return worker
 
 
+TORCHSCRIPT = {"serializedFile": "model.pt"}
+
+
 def _spec(
     version_folder: str = "/work/m-1",
     gpu: int | None = 0,
     mode: str = "gpu",
+    files: dict[str, str] = TORCHSCRIPT,
+    model_dir: str = "/store/m",
     **optimization: object,
 ) -> WorkerSpec:
     """A worker's spec whose model-config.yaml asks for weights keeper ``mode`` (and the
-    rest of ``optimization``)."""
+    rest of ``optimization``), for a model of the manifest's ``files`` (TorchScript)."""
     model = HandlerSpec(
         model_name="m",
-        model_dir="/store/m",
+        model_dir=model_dir,
         handler="h",
-        manifest={},
+        manifest={"model": {"handler": "h", **files}},
         batch_size=1,
         model_yaml_config={"optimization": {"weights_keeper": mode, **optimization}},
         compile_cache=version_folder,
@@ -289,6 +296,32 @@ def test_which_workers_have_a_keeper(
     optimization: dict[str, Any], gpu: int | None, kept: bool
 ) -> None:
     assert keeps_weights({"optimization": optimization}, gpu) is kept
+
+
+@pytest.mark.parametrize(
+    ("files", "kept"),
+    [
+        ({"serializedFile": "model.pt", "modelFile": "model.py"}, True),
+        ({"serializedFile": "program.pt2"}, True),
+        ({"serializedFile": "model.onnx"}, False),
+        ({"serializedFile": "package.pt2"}, False),  # an AOTInductor package: written below
+        ({}, False),  # the handler loads what it likes
+    ],
+    ids=["eager", "torch-export", "onnx", "aoti-package", "no-file"],
+)
+@in_a_loop
+async def test_only_formats_that_share_their_weights_get_a_keeper(
+    files: dict[str, str], kept: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with zipfile.ZipFile(tmp_path / "package.pt2", "w") as package:
+        package.writestr("package/data/aotinductor/model/model.so", b"")
+    harness = Harness()
+    first = await harness.worker(_spec(files=files, model_dir=str(tmp_path)))
+    second = await harness.worker(_spec(files=files, model_dir=str(tmp_path)))
+    assert len(harness.keepers) == (1 if kept else 0)
+    assert bool(first.spec.weights_keeper) is bool(second.spec.weights_keeper) is kept
+    ignored = [r for r in caplog.records if "weights_keeper ignored" in r.getMessage()]
+    assert len(ignored) == (0 if kept else 1)  # once per version, not once per worker
 
 
 def test_the_frontend_waits_for_the_byte_the_keeper_sends() -> None:

@@ -19,6 +19,10 @@ eager               pytorch             a ``modelFile``
 torchscript         pytorch_libtorch    any other ``serializedFile``
 ==================  ==================  ==================================================
 
+Eager models, TorchScript and ``torch.export`` programs share their weights (one mapped
+file per machine, or a weights keeper's copy: ``ModelFormat.shares_weights``); ONNX
+Runtime and AOTInductor load their files themselves.
+
 The platform names are Triton's where Triton serves the format (``onnxruntime_onnx``,
 ``pytorch_libtorch`` for TorchScript, ``torch_aoti`` for AOTInductor); an eager model is
 KServe's ``pytorch`` model format, as is a model that names neither file (its handler
@@ -104,6 +108,10 @@ class ModelFormat:
     """Whether the archive holds this format (cheap: suffixes, a zip's listing)."""
     load: Loader
     """The model, ready for inference on the device."""
+    shares_weights: bool = False
+    """Whether its weights load over one mapped file, so that a weights keeper can hold
+    them for its workers (``ferry.handlers.builtin.shared_weights``): not for a format
+    whose runtime loads the file itself (ONNX Runtime, AOTInductor)."""
 
 
 class FormatRegistry:
@@ -129,6 +137,12 @@ class FormatRegistry:
     def detect(self, source: ModelSource) -> ModelFormat | None:
         """The first format that tells ``source``; None when the manifest names no file."""
         return next((known for known in self.formats() if known.tells(source)), None)
+
+    def shares_weights(self, source: ModelSource) -> bool:
+        """Whether ``source``'s weights can be shared (a format tells it, and its loader
+        shares them)."""
+        detected = self.detect(source)
+        return detected is not None and detected.shares_weights
 
     def platform_of(self, source: ModelSource) -> str:
         detected = self.detect(source)
@@ -171,6 +185,7 @@ EXPORTED_PROGRAM = ModelFormat(
     "torch_export",
     lambda source: source.suffix == ".pt2",
     lambda source, device: load_exported_program(source.required_weights(), device),
+    shares_weights=True,
 )
 AOT_COMPILED = ModelFormat(
     "aot_compiled",
@@ -178,12 +193,15 @@ AOT_COMPILED = ModelFormat(
     _torchserve_aot_compiled,
     lambda source, device: load_aot_compiled(source.required_weights(), device),
 )
-EAGER = ModelFormat("eager", "pytorch", lambda source: bool(source.model_file), _load_eager)
+EAGER = ModelFormat(
+    "eager", "pytorch", lambda source: bool(source.model_file), _load_eager, shares_weights=True
+)
 TORCHSCRIPT = ModelFormat(
     "torchscript",
     "pytorch_libtorch",
     lambda source: bool(source.serialized_file),
     lambda source, device: load_torchscript(source.required_weights(), device),
+    shares_weights=True,
 )
 
 MODEL_FORMATS = FormatRegistry(defaults=(EAGER, TORCHSCRIPT))
