@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ferry.errors import (
     DeadlineExceeded,
@@ -156,8 +156,8 @@ class Dispatcher:
     ) -> ServeEnd:
         try:
             return await self._feed(worker, retire, on_busy, lane)
-        except asyncio.CancelledError:
-            self._shutting_down(lane.held.pop_all())
+        except asyncio.CancelledError as cancelled:
+            self._shutting_down(lane, cancelled)
             raise
         except TimeoutError:
             error, lone_is_culprit = self._timed_out(worker, lane), True
@@ -171,9 +171,7 @@ class Dispatcher:
                 "%s worker pid %s broke the exchange; replacing it", self.name, worker.info.pid
             )
             error, lone_is_culprit = self._died(), True
-        for exchange in lane.pending:
-            if exchange.watch is not None:
-                exchange.watch.ended([], error)
+        _ended(lane.pending, error)
         started, waiting = lane.started_and_waiting()
         retried = isolate_or_fail(started, error, lone_is_culprit, self.suspects)
         if retried:
@@ -198,8 +196,8 @@ class Dispatcher:
         """A dead worker's exit status (None if it does not come in time)."""
         try:
             return await self._status(worker)
-        except asyncio.CancelledError:
-            self._shutting_down(lane.held.pop_all())
+        except asyncio.CancelledError as cancelled:
+            self._shutting_down(lane, cancelled)
             raise
 
     def _gone(self, worker: WorkerHandle, lane: Lane, status: object) -> tuple[FerryError, bool]:
@@ -221,8 +219,11 @@ class Dispatcher:
             return error, True
         return self._died(), status not in (-signal.SIGKILL, -signal.SIGTERM)
 
-    def _shutting_down(self, jobs: list[Job]) -> None:
-        for job in jobs:
+    def _shutting_down(self, lane: Lane, cancelled: asyncio.CancelledError) -> None:
+        """``serve`` was cancelled (a shutdown): what the worker held is answered, and
+        the watches of its batches end."""
+        _ended(lane.pending, cancelled)
+        for job in lane.held.pop_all():
             job.fail(NoWorkerAvailable(f"model {self.name} is shutting down"))
 
     async def _feed(
@@ -372,7 +373,14 @@ class Dispatcher:
         self.metrics.dispatched((job.queued_seconds for job in jobs), len(jobs))
         exchange = Exchange(batch, jobs, self.timeouts.due(now), now, watch=watch)
         # Bounded like the answer: a worker that stopped reading must not hold us forever.
-        await asyncio.wait_for(worker.send(batch), self.timeouts.remaining(exchange))
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that
+        # comes as the call completes, and a server stopping then waited response_timeout.
+        try:
+            async with asyncio.timeout(self.timeouts.remaining(exchange)):
+                await worker.send(batch)
+        except BaseException as error:  # never pending, so its watch ends here
+            _ended([exchange], error)
+            raise
         return exchange
 
     def _batch_watch(self, worker: WorkerHandle, jobs: list[Job]) -> BatchWatch | None:
@@ -381,12 +389,13 @@ class Dispatcher:
         if not watched or self.observer is None:
             return None
         details: dict[str, str | int] = {"pid": worker.info.pid or 0, "device": worker.info.device}
-        return self.observer.batch(self.name, self._batch_ids, watched, details)
+        return self.observer.batch(self.name, self._batch_ids, len(jobs), watched, details)
 
     async def _receive(self, worker: WorkerHandle, exchange: Exchange) -> BatchResult:
         """The batch's result; parts its handler streamed first go to their jobs."""
         while True:
-            message = await asyncio.wait_for(worker.receive(), self.timeouts.remaining(exchange))
+            async with asyncio.timeout(self.timeouts.remaining(exchange)):
+                message = await worker.receive()
             if message.batch_id != exchange.batch.batch_id:
                 raise ProtocolError(
                     f"worker {worker.info.pid} answered batch {message.batch_id}, "
@@ -481,3 +490,10 @@ class Dispatcher:
         sequenced = self.sequences.drain() if self.sequences is not None else []
         for job in [*self.suspects.drain(), *self.queue.drain(), *sequenced]:
             job.fail(error)
+
+
+def _ended(exchanges: Iterable[Exchange], error: BaseException) -> None:
+    """Batches that failed, or that a shutdown abandoned: their watches end."""
+    for exchange in exchanges:
+        if exchange.watch is not None:
+            exchange.watch.ended([], error)

@@ -399,17 +399,19 @@ class ModelRunner:
         *,
         alone: bool = False,
         envelope: str = "",
+        watched: bool = True,
     ) -> Job:
         """Queue a request as a job, whose ``future`` gets its answer; raises
         ``Overloaded`` or ``NoWorkerAvailable``. ``budget``: the seconds it may take from
         now, after which ``deadline_passed``; ``alone``: in a batch of its own, ahead of
         the others (``submit_alone``); ``envelope``: the request envelope its protocol is
-        read with (``RequestItem.envelope``)."""
+        read with (``RequestItem.envelope``); ``watched``: shown to the observer (not
+        Ferry's own requests, such as describe's)."""
         if self.sequences is not None and not alone:
             _, headers = sequence_of(headers)
         item = RequestItem(request_id, headers, parts, envelope)
         job = Job(item, asyncio.get_running_loop().create_future(), on_part, priority=priority)
-        if self.observer is not None:
+        if self.observer is not None and watched:
             watch_request(self.observer, self.name, self.version, job)
         self._queue(job, budget, alone=alone)
         return job

@@ -1,13 +1,14 @@
 """The request path's one hook point: an ``Observer`` told of every request a model's
 runner takes and every batch it sends a worker, and told how each ended.
 
-Tracing (``ferry.tracing``) is the observer Ferry ships. Only the scheduler calls it, at
-the three moments it owns: ``ModelRunner.enqueue`` takes a request (``watch_request``),
+Tracing (``ferry.tracing``) is the observer Ferry ships. On the request path only the
+scheduler calls it (a workflow's own span, around its nodes' requests, is the workflow
+manager's; the export is the server's), at the three moments it owns: ``ModelRunner.enqueue`` takes a request (``watch_request``),
 the dispatcher sends a batch (``Observer.batch``) and hears how it went
 (``BatchWatch.ended``). A request's end is its future's: whoever answers it, the
 observer hears of it through the future, so the service, the transports and the retry
 paths never know anything watches. With no observer (the default) a request costs one
-``is None`` check.
+``is None`` check. Ferry's own requests (describe's) are not shown to it.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class Observer(Protocol):
         self,
         model: str,
         batch_id: int,
+        size: int,
         requests: Sequence[RequestWatch],
         worker: Mapping[str, str | int],
     ) -> BatchWatch | None:
-        """A batch of requests it watches (one at least) leaves their queue: their wait
-        ends."""
+        """A batch of ``size`` requests, among them ``requests`` it watches (one at
+        least), leaves their queue: their wait ends."""
         ...
 
 

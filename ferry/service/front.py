@@ -146,7 +146,8 @@ class FerryService:
                 f'Model "{name}" has no worker to serve describe request. Please use scale '
                 "workers API to add workers."
             )
-        job = runner.enqueue(next_request_id(), {"describe": "True"}, [], alone=True)
+        describe = {"describe": "True"}  # Ferry's own request, not a client's: untraced
+        job = runner.enqueue(next_request_id(), describe, [], alone=True, watched=False)
         answer = await job.future
         return answer.body
 

@@ -219,6 +219,7 @@ class Recorder(Tracing):
         self,
         model: str,
         batch_id: int,
+        size: int,
         requests: Sequence[RequestWatch],
         worker: Mapping[str, str | int],
     ) -> BatchWatch | None:
@@ -236,7 +237,7 @@ class Recorder(Tracing):
             of_worker = (f"batch {model}", (("ferry.model", model), *named))
             self._workers[(model, *worker.items())] = of_worker
         name, attributes = of_worker
-        of_batch = (("ferry.batch.id", batch_id), ("ferry.batch.size", len(requests)))
+        of_batch = (("ferry.batch.id", batch_id), ("ferry.batch.size", size))
         served = tuple((r.trace_id, r.span_id) for r in traced)
         batch = _Batch(name, first, attributes + of_batch, served, self._add)
         back = ((batch.trace_id, batch.span_id),)

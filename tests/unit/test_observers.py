@@ -7,20 +7,25 @@ never reach it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from ferry.errors import FerryError, WorkerDied
+from ferry.errors import FerryError, NoWorkerAvailable, WorkerDied
 from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import Job, Prediction, RequestWatch
 from ferry.scheduling.model_runner import ModelRunner
+from ferry.scheduling.observers import watch_request
 from ferry.scheduling.pool import Backoff
 from ferry.wire.messages import InputPart, StageWindow
 from ferry.worker_handles.handle import WorkerFactory
-from tests.fixtures.fake_worker import Behaviour, FakeFactory, outcomes, spec
-from tests.unit.test_scheduling_core import run, settings
+from tests.fixtures.fake_worker import Behaviour, FakeFactory, FakeWorker, make_job, outcomes, spec
+from tests.unit.test_scheduling_core import run, settings, wait_until
+
+STOP_GUARD = 10.0
+"""Seconds a runner's stop may take before the test calls it hung."""
 
 
 class Seen:
@@ -76,6 +81,7 @@ class Recording:
         self,
         model: str,
         batch_id: int,
+        size: int,
         requests: Sequence[RequestWatch],
         worker: Mapping[str, str | int],
     ) -> BatchSeen:
@@ -173,6 +179,58 @@ def test_a_request_its_client_gave_up_on_ends_cancelled() -> None:
     assert isinstance(end[2], asyncio.CancelledError)
 
 
+def test_a_batch_abandoned_when_its_worker_is_dropped_ends_as_its_request_does() -> None:
+    """The dispatcher's ``serve`` cancelled (the server stopping) while its worker holds a
+    batch: the batch's watch ends, cancelled, and its request is answered."""
+    observer = Recording()
+
+    async def scenario() -> None:
+        runner = observed_runner(FakeFactory(Behaviour.HANG), observer, response_timeout=30.0)
+        job = make_job(b"held", "held")
+        watch_request(observer, "m", "1.0", job)
+        runner.dispatcher.queue.put(job)
+        worker = FakeWorker(Behaviour.HANG)
+        serving = asyncio.create_task(
+            runner.dispatcher.serve(worker, asyncio.Event(), lambda busy: None)
+        )
+        await wait_until(lambda: ("batch sent", 1, ["held"]) in observer.seen.events)
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        (answer,) = await outcomes([job])
+        assert isinstance(answer, NoWorkerAvailable)
+
+    run(scenario)
+    (batch_end,) = [e for e in observer.seen.events if e[0] == "batch ended"]
+    assert isinstance(batch_end[2], asyncio.CancelledError)
+    (end,) = observer.seen.ends_of("held")
+    assert isinstance(end[2], NoWorkerAvailable)
+
+
+def test_a_stop_as_a_batch_is_sent_answers_its_request_at_once() -> None:
+    """The stop's cancellation comes while the dispatcher awaits the send (the observer's
+    "batch sent" is the moment before). Python 3.11's ``wait_for`` could drop it when the
+    send completed in the same turn: the stop then waited for ``response_timeout`` and the
+    request was answered ``ResponseTimeout`` (seen once in a script: 30.03 s against
+    0.0001 s now; under pytest the old code's race is not hit every time). It answers
+    "shutting down" at once."""
+    observer = Recording()
+
+    async def scenario() -> None:
+        runner = observed_runner(FakeFactory(Behaviour.HANG), observer, response_timeout=60.0)
+        runner.start()
+        await runner.wait_started()
+        job = enqueue(runner, "held")
+        await wait_until(lambda: ("batch sent", 1, ["held"]) in observer.seen.events)
+        # A hang guard, far above the milliseconds a stop takes: the dropped cancellation
+        # held it for tens of seconds.
+        await asyncio.wait_for(runner.stop(), STOP_GUARD)
+        (answer,) = await outcomes([job])
+        assert isinstance(answer, NoWorkerAvailable), answer
+
+    run(scenario)
+
+
 def test_unwatched_requests_never_reach_the_observer() -> None:
     observer = Recording(skip="untraced")
 
@@ -192,3 +250,37 @@ def test_unwatched_requests_never_reach_the_observer() -> None:
     mentioned = [e for e in observer.seen.events if "untraced" in repr(e)]
     assert mentioned == []
     assert ("batch sent", 1, ["traced"]) in observer.seen.events
+
+
+def test_a_request_the_runner_is_told_not_to_show_is_never_watched() -> None:
+    observer = Recording()
+
+    async def scenario() -> None:
+        runner = observed_runner(FakeFactory(Behaviour.ECHO), observer)
+        runner.start()
+        await runner.wait_started()
+        job = runner.enqueue("describe", {"describe": "True"}, [], alone=True, watched=False)
+        await outcomes([job])
+        await runner.stop()
+
+    run(scenario)
+    assert observer.seen.events == []
+
+
+def test_a_batch_the_worker_never_took_ends_with_the_error() -> None:
+    observer = Recording()
+
+    async def scenario() -> None:
+        factory = FakeFactory(Behaviour.STOP_READING, Behaviour.ECHO)
+        runner = observed_runner(factory, observer, response_timeout=0.2)
+        runner.start()
+        await runner.wait_started()
+        (answer,) = await outcomes([enqueue(runner, "stuck")])
+        assert isinstance(answer, (Prediction, FerryError))
+        await runner.stop()
+
+    run(scenario)
+    sent = [e[1] for e in observer.seen.events if e[0] == "batch sent"]
+    ended = [e[1] for e in observer.seen.events if e[0] == "batch ended"]
+    assert sent and sorted(sent) == sorted(ended)  # the one never read ended too
+    assert observer.seen.events[-1][0] == "request ended"

@@ -18,8 +18,7 @@ from ferry.ray_serve import app
 def test_rays_log_switches_are_set_before_anything_looks_for_ray(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for variable in app.RAY_PLAIN_LOG_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+    _unset_and_restored(monkeypatch, *app.RAY_PLAIN_LOG_VARIABLES)
     seen: dict[str, str | None] = {}
 
     def available() -> bool:  # where Ray would be imported first
@@ -36,8 +35,16 @@ def test_rays_log_switches_are_set_before_anything_looks_for_ray(
 
 def test_an_operators_own_choice_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_DEDUP_LOGS", "1")
-    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    _unset_and_restored(monkeypatch, "RAY_COLOR_PREFIX")
     monkeypatch.setattr(app, "available", lambda: False)
     with pytest.raises(ConfigError):
         app.run_on_ray(ServerSettings(), None)
     assert os.environ["RAY_DEDUP_LOGS"] == "1" and os.environ["RAY_COLOR_PREFIX"] == "0"
+
+
+def _unset_and_restored(monkeypatch: pytest.MonkeyPatch, *variables: str) -> None:
+    """``variables`` unset for the test, and as they were after it, whatever ``run_on_ray``
+    sets: ``delenv`` of an unset variable records nothing to undo, so each is set first."""
+    for variable in variables:
+        monkeypatch.setenv(variable, "set by the test")
+        monkeypatch.delenv(variable)
