@@ -3,12 +3,13 @@ runner takes and every batch it sends a worker, and told how each ended.
 
 Tracing (``ferry.tracing``) is the observer Ferry ships. On the request path only the
 scheduler calls it (a workflow's own span, around its nodes' requests, is the workflow
-manager's; the export is the server's), at the three moments it owns: ``ModelRunner.enqueue`` takes a request (``watch_request``),
-the dispatcher sends a batch (``Observer.batch``) and hears how it went
-(``BatchWatch.ended``). A request's end is its future's: whoever answers it, the
-observer hears of it through the future, so the service, the transports and the retry
-paths never know anything watches. With no observer (the default) a request costs one
-``is None`` check. Ferry's own requests (describe's) are not shown to it.
+manager's; the export is the server's), at the three moments it owns:
+``ModelRunner.enqueue`` takes a request (``watch_request``), the dispatcher sends a
+batch (``Observer.batch``) and hears how it went (``BatchWatch.ended``). A request's end
+is its future's: whoever answers it, the observer hears of it through the future, so the
+service, the transports and the retry paths never know anything watches. With no
+observer (the default) a request costs one ``is None`` check. Ferry's own requests
+(describe's) are not shown to it.
 """
 
 from __future__ import annotations

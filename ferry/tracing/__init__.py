@@ -17,8 +17,9 @@ carries no trace, and the scheduler's only cost is checking that.
 Tracing is the request path's observer (``ferry.scheduling.observers``): the scheduler
 tells it of each request and batch and it keeps their spans; nothing else on the request
 path knows of it. A workflow's span around its nodes (``Tracing.span``) and the export
-at the server's exit are called apart, by the workflow manager and the server. ``ferry.tracing.otel`` builds the tracer from the settings and the
-``OTEL_*`` environment variables; the rest of Ferry sees only ``Tracing``.
+at the server's exit are called apart, by the workflow manager and the server.
+``ferry.tracing.otel`` builds the tracer from the settings and the ``OTEL_*``
+environment variables; the rest of Ferry sees only ``Tracing``.
 """
 
 from __future__ import annotations
