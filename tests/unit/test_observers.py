@@ -14,15 +14,13 @@ from typing import Any
 import pytest
 
 from ferry.errors import FerryError, NoWorkerAvailable, WorkerDied
-from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import Job, Prediction, RequestWatch
 from ferry.scheduling.model_runner import ModelRunner
 from ferry.scheduling.observers import watch_request
-from ferry.scheduling.pool import Backoff
 from ferry.wire.messages import InputPart, StageWindow
 from ferry.worker_handles.handle import WorkerFactory
-from tests.fixtures.fake_worker import Behaviour, FakeFactory, FakeWorker, make_job, outcomes, spec
-from tests.unit.test_scheduling_core import run, settings, wait_until
+from tests.fixtures.fake_worker import Behaviour, FakeFactory, FakeWorker, make_job, outcomes
+from tests.unit.test_scheduling_core import run, runner_with, wait_until
 
 STOP_GUARD = 10.0
 """Seconds a runner's stop may take before the test calls it hung."""
@@ -91,16 +89,7 @@ class Recording:
 
 
 def observed_runner(factory: WorkerFactory, observer: Recording, **overrides: Any) -> ModelRunner:
-    return ModelRunner(
-        "m",
-        "1.0",
-        spec(),
-        settings(**overrides),
-        factory,
-        FerryMetrics().for_model("m", "1.0"),
-        backoff=lambda: Backoff(first=0.0, cap=0.0),
-        observer=observer,
-    )
+    return runner_with(factory, observer, **overrides)
 
 
 def enqueue(runner: ModelRunner, request_id: str) -> Job:

@@ -22,6 +22,7 @@ from ferry.errors import (
 from ferry.metrics.definitions import FerryMetrics
 from ferry.scheduling.jobs import Prediction
 from ferry.scheduling.model_runner import ModelRunner, RunnerSettings
+from ferry.scheduling.observers import Observer
 from ferry.scheduling.pool import MAX_DETERMINISTIC_FAILURES, Backoff, RecyclePolicy, SlotState
 from ferry.worker_handles.handle import StartFailure, WorkerFactory, WorkerStartFailed
 from tests.fixtures.fake_worker import (
@@ -51,7 +52,11 @@ def settings(**overrides: Any) -> RunnerSettings:
     return RunnerSettings(**{**values, **overrides})
 
 
-def runner_with(factory: WorkerFactory, **overrides: Any) -> ModelRunner:
+def runner_with(
+    factory: WorkerFactory, observer: Observer | None = None, **overrides: Any
+) -> ModelRunner:
+    """Model ``m`` v1.0 over ``factory``'s workers, watched by ``observer`` if given, its
+    settings these tests' with ``overrides``."""
     return ModelRunner(
         "m",
         "1.0",
@@ -60,6 +65,7 @@ def runner_with(factory: WorkerFactory, **overrides: Any) -> ModelRunner:
         factory,
         FerryMetrics().for_model("m", "1.0"),
         backoff=lambda: Backoff(first=0.0, cap=0.0),
+        observer=observer,
     )
 
 
