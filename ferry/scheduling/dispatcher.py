@@ -385,8 +385,10 @@ class Dispatcher:
 
     def _batch_watch(self, worker: WorkerHandle, jobs: list[Job]) -> BatchWatch | None:
         """The observer's watch on the batch, when it watches any of its requests."""
+        if self.observer is None:  # tracing off: nothing to gather, batch after batch
+            return None
         watched = [job.watch for job in jobs if job.watch is not None]
-        if not watched or self.observer is None:
+        if not watched:
             return None
         details: dict[str, str | int] = {"pid": worker.info.pid or 0, "device": worker.info.device}
         return self.observer.batch(self.name, self._batch_ids, len(jobs), watched, details)
